@@ -1,0 +1,732 @@
+"""Turn an importer's raw columns into the normalized tables of ``xpuprof.schema``.
+
+Everything here is vectorized over whole columns (numpy / Arrow): the only Python loops run over
+things there are few of (threads, categories, unique names, B/E pairs, counters), never over
+events, because per-event Python is what makes other tools load at tens of thousands of events
+per second.
+
+What is derived, and why it is derived here rather than in each analysis:
+
+* ``level``: the across-stack level, from the category (both Kineto vocabularies, ROCm, MTIA)
+  and, for a few names, from the name (``ProfilerStep#N`` → step, ``nccl*`` kernels →
+  collective, ``nn.Module: …`` → layer);
+* ``parent``/``depth``: nesting of events on their own track (pid, tid) — the one timeline fact
+  every analysis needs and none should recompute;
+* ``step``: the profiler step an event belongs to (host events by time, device events through
+  the runtime call that launched them, by correlation id);
+* flow binding: each flow entry is bound to the slice it belongs to on its track (Chrome-trace
+  semantics: the enclosing slice; for an ``f`` without ``bp: "e"``, the next slice), and the
+  entries sharing a (category, id) are joined into ``links`` (launch → kernel, forward →
+  backward).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from xpuprof.schema import COUNTERS, EVENTS, FLOWS, ID_SHIFT, LINKS, METADATA
+
+_CATEGORY_LEVEL = {
+    # current Kineto vocabulary
+    "cpu_op": "op",
+    "user_annotation": "annotation",
+    "gpu_user_annotation": "annotation",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "python_function": "python",
+    "cuda_profiler_range": "kernel",
+    # 2021 vocabulary (compared lower-case)
+    "operator": "op",
+    "runtime": "runtime",
+    "memcpy": "memcpy",
+    "memset": "memset",
+    # other accelerators
+    "mtia_runtime": "runtime",
+    "mtia_ccp_events": "kernel",
+    "privateuse1_runtime": "runtime",
+    "privateuse1_driver": "runtime",
+    "xpu_runtime": "runtime",
+    "xpu_driver": "runtime",
+}
+
+#: Categories recorded on a device timeline (pid = device, tid = stream).
+DEVICE_CATEGORIES = frozenset(
+    {
+        "kernel",
+        "gpu_memcpy",
+        "gpu_memset",
+        "gpu_user_annotation",
+        "cuda_sync",
+        "cuda_profiler_range",
+        "mtia_ccp_events",
+        "memcpy",
+        "memset",
+    }
+)
+
+_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+_COLLECTIVE_NAME = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
+_LAYER_NAME = re.compile(r"^nn\.Module: ")
+_STREAM_NAME = re.compile(r"stream\s*(\d+)", re.IGNORECASE)
+_GPU_LABEL = re.compile(r"^(?:GPU|MTIA|XPU)\s*(\d+)$")
+
+#: Element sizes of the dtype names torch writes in NCCL args.
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
+    "byte": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "complexfloat": 8, "complexdouble": 16,
+}  # fmt: skip
+
+SPAN_PHASES = ("X", "B", "E", "i", "I", "n", "b", "e")
+FLOW_PHASES = ("s", "t", "f")
+
+
+@dataclass
+class Tables:
+    """The normalized tables of one source file, plus counts for the manifest."""
+
+    events: pa.Table
+    flows: pa.Table
+    links: pa.Table
+    counters: pa.Table
+    metadata: pa.Table
+
+
+# ----------------------------------------------------------------------------------------------
+# nesting
+# ----------------------------------------------------------------------------------------------
+
+
+def nest(
+    pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray, slice_mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Nest events on their track (pid, tid); returns (order, parent_pos, end, is_slice).
+
+    ``order`` sorts events by (pid, tid, ts, longest first); ``parent_pos[k]`` is the position
+    in that order of the parent of ``order[k]`` (-1: none). A slice contains what starts within
+    it and ends no later; an instant (``slice_mask`` False) never contains anything.
+
+    The parent of k is the nearest earlier event on the track whose end is at least k's end.
+    Found by pointer jumping: each event starts at its predecessor and, while that candidate
+    ends too early, jumps to the candidate's own candidate — everything skipped ends earlier
+    still. All events jump together, so the rounds grow with the log of the sibling count.
+    """
+    n = len(ts)
+    order = np.lexsort((-dur, ts, tid, pid))
+    s = ts[order]
+    q = s + dur[order]  # where each event ends, as a query
+    sl = slice_mask[order]
+    e = np.where(sl, q, s - 1)  # how far each event reaches, as a candidate parent
+    p = np.arange(-1, n - 1, dtype=np.int64)
+    if n:
+        first = np.ones(n, dtype=bool)
+        first[1:] = (pid[order][1:] != pid[order][:-1]) | (tid[order][1:] != tid[order][:-1])
+        p[first] = -1
+    active = np.flatnonzero(p >= 0)
+    while active.size:
+        cand = p[active]
+        ok = (cand < 0) | (e[np.maximum(cand, 0)] >= q[active])
+        move = active[~ok]
+        p[move] = p[cand[~ok]]
+        active = move
+    return order, p, e, sl
+
+
+def depths(parent_pos: np.ndarray) -> np.ndarray:
+    """Depth of each position (0 at top level); parents always precede their children."""
+    depth = np.zeros(len(parent_pos), dtype=np.int16)
+    has = np.flatnonzero(parent_pos >= 0)
+    # Resolve level by level: positions whose parent is settled get parent depth + 1.
+    settled = parent_pos < 0
+    while has.size:
+        ready = settled[parent_pos[has]]
+        idx = has[ready]
+        depth[idx] = depth[parent_pos[idx]] + 1
+        settled[idx] = True
+        has = has[~ready]
+    return depth
+
+
+def bind_flows(
+    order: np.ndarray,
+    parent_pos: np.ndarray,
+    end: np.ndarray,
+    is_slice: np.ndarray,
+    ev_pid: np.ndarray,
+    ev_tid: np.ndarray,
+    ev_ts: np.ndarray,
+    fl_pid: np.ndarray,
+    fl_tid: np.ndarray,
+    fl_ts: np.ndarray,
+    fl_next: np.ndarray,
+) -> np.ndarray:
+    """Row (in the events table) of the slice each flow entry binds to, -1 when none.
+
+    Enclosing binding takes the innermost slice on the flow's track that contains its ts;
+    ``fl_next`` rows (an ``f`` without ``bp: "e"``) take the first slice starting at or after it.
+    """
+    out = np.full(len(fl_ts), -1, dtype=np.int64)
+    if not len(fl_ts) or not len(order):
+        return out
+    s_pid = ev_pid[order]
+    s_tid = ev_tid[order]
+    s_ts = ev_ts[order]
+    bounds = np.flatnonzero(np.r_[True, (s_pid[1:] != s_pid[:-1]) | (s_tid[1:] != s_tid[:-1])])
+    starts = dict(
+        zip(
+            zip(s_pid[bounds].tolist(), s_tid[bounds].tolist(), strict=True),
+            bounds.tolist(),
+            strict=True,
+        )
+    )
+    ends = np.r_[bounds[1:], len(order)]
+    end_of = dict(zip(bounds.tolist(), ends.tolist(), strict=True))
+    # next slice at or after each position (for "next slice" binding)
+    nxt = np.where(is_slice, np.arange(len(order)), len(order))
+    nxt = np.minimum.accumulate(nxt[::-1])[::-1]
+    pos = np.full(len(fl_ts), -1, dtype=np.int64)
+    keys = list(zip(fl_pid.tolist(), fl_tid.tolist(), strict=True))
+    track_rows: dict[tuple[int, int], list[int]] = {}
+    for i, k in enumerate(keys):
+        track_rows.setdefault(k, []).append(i)
+    for k, rows_l in track_rows.items():
+        lo = starts.get(k)
+        if lo is None:
+            continue
+        hi = end_of[lo]
+        rows = np.asarray(rows_l)
+        t = fl_ts[rows]
+        is_next = fl_next[rows]
+        last_le = lo + np.searchsorted(s_ts[lo:hi], t, side="right") - 1
+        first_ge = lo + np.searchsorted(s_ts[lo:hi], t, side="left")
+        cand = np.where(is_next, -2, last_le)
+        nx = np.where(first_ge < hi, nxt[np.minimum(first_ge, len(order) - 1)], len(order))
+        nx = np.where(nx < hi, nx, -1)
+        pos[rows[is_next]] = nx[is_next]
+        enc = ~is_next
+        c = np.where(cand[enc] < lo, -1, cand[enc])
+        tt = t[enc]
+        r = rows[enc]
+        # walk up until a slice that contains the flow's ts
+        while True:
+            valid = c >= 0
+            good = valid & is_slice[np.maximum(c, 0)] & (end[np.maximum(c, 0)] >= tt)
+            done = ~valid | good
+            pos[r[done]] = np.where(good[done], c[done], -1)
+            if done.all():
+                break
+            c, tt, r = parent_pos[c[~done]], tt[~done], r[~done]
+    ok = pos >= 0
+    out[ok] = order[pos[ok]]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _np(col: pa.ChunkedArray | pa.Array, fill: int = 0) -> np.ndarray:
+    return np.asarray(pc.fill_null(col, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _isnull(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(pc.is_null(col).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _const_dict(value: str | None, n: int) -> pa.Array:
+    """A dictionary column holding one value (or null) n times, without n Python strings."""
+    t = pa.dictionary(pa.int32(), pa.string())
+    if value is None:
+        return pa.nulls(n, t)
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))
+
+
+def _dict_map(col: pa.ChunkedArray, fn: Any, out_type: pa.DataType) -> pa.Array:
+    """Apply ``fn`` once per distinct value of a string column (null read as ""), then spread
+    the results."""
+    enc = pc.dictionary_encode(pc.fill_null(col, "")).combine_chunks()
+    values = [fn(v) for v in enc.dictionary.to_pylist()]
+    mapped = pa.array(values, out_type)
+    idx = enc.indices
+    return mapped.take(idx)
+
+
+def _parse_json_list(texts: list[str | None]) -> list[Any]:
+    return [None if t is None else msgspec.json.decode(t) for t in texts]
+
+
+def _as_dict(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_dictionary(arr.type):
+        return arr.cast(pa.dictionary(pa.int32(), pa.string()))
+    return pc.dictionary_encode(arr.cast(pa.string())).cast(pa.dictionary(pa.int32(), pa.string()))
+
+
+# ----------------------------------------------------------------------------------------------
+# the build
+# ----------------------------------------------------------------------------------------------
+
+
+def _match_begin_end(ev: pa.Table) -> pa.Table:
+    """Pair ``B``/``E`` entries per thread into one row with phase ``B`` and a duration.
+
+    The ``E`` entry's own index (and args, if any) move into ``extra`` so nothing is lost;
+    unmatched ``B`` keep a null ``dur``, unmatched ``E`` stay rows of their own.
+    """
+    ph = ev.column("ph")
+    be = pc.is_in(ph, pa.array(["B", "E"]))
+    if not pc.any(be).as_py():
+        return ev
+    sub = ev.filter(be)
+    d = sub.select(["index", "ph", "pid", "tid", "ts", "args", "extra"]).to_pydict()
+    order = sorted(range(len(d["index"])), key=lambda i: (d["ts"][i], d["index"][i]))
+    stacks: dict[tuple[Any, Any], list[int]] = {}
+    dur: dict[int, int] = {}
+    extra: dict[int, str] = {}
+    drop: set[int] = set()
+    for i in order:
+        key = (d["pid"][i], d["tid"][i])
+        if d["ph"][i] == "B":
+            stacks.setdefault(key, []).append(i)
+        elif stacks.get(key):
+            b = stacks[key].pop()
+            dur[d["index"][b]] = d["ts"][i] - d["ts"][b]
+            end: dict[str, Any] = {"index": d["index"][i]}
+            if d["args"][i] is not None:
+                end["args"] = msgspec.json.decode(d["args"][i])
+            if d["extra"][i] is not None:
+                end["extra"] = msgspec.json.decode(d["extra"][i])
+            merged = msgspec.json.decode(d["extra"][b]) if d["extra"][b] else {}
+            merged["end"] = end
+            extra[d["index"][b]] = msgspec.json.encode(merged).decode()
+            drop.add(d["index"][i])
+    idx = ev.column("index").to_pylist()
+    keep = pa.array([i not in drop for i in idx])
+    new_dur = pa.array([dur.get(i) for i in idx], pa.int64())
+    new_extra = pa.array([extra.get(i) for i in idx], pa.large_string())
+    ev = ev.set_column(ev.schema.get_field_index("dur"), "dur", pc.coalesce(ev["dur"], new_dur))
+    ev = ev.set_column(
+        ev.schema.get_field_index("extra"), "extra", pc.coalesce(new_extra, ev["extra"])
+    )
+    return ev.filter(keep)
+
+
+def _levels(cat: pa.ChunkedArray, name: pa.ChunkedArray, device: np.ndarray) -> pa.Array:
+    base = _dict_map(
+        cat, lambda c: _CATEGORY_LEVEL.get(c.lower(), "other") if c else "other", pa.string()
+    )
+    level = np.asarray(base.to_numpy(zero_copy_only=False), dtype=object)
+    is_step = np.asarray(
+        _dict_map(name, lambda v: bool(v and _STEP_NAME.match(v)), pa.bool_()), dtype=bool
+    )
+    is_coll = np.asarray(
+        _dict_map(name, lambda v: bool(v and _COLLECTIVE_NAME.match(v)), pa.bool_()), dtype=bool
+    )
+    is_layer = np.asarray(
+        _dict_map(name, lambda v: bool(v and _LAYER_NAME.match(v)), pa.bool_()), dtype=bool
+    )
+    host = device < 0
+    level[is_step & host & np.isin(level, ["op", "annotation", "other"])] = "step"
+    level[is_coll & ~host & (level == "kernel")] = "collective"
+    level[is_layer & (level == "python")] = "layer"
+    return pa.array(level, pa.string())
+
+
+def _gpu_pids(meta_rows: pa.Table) -> dict[int, int]:
+    """pid → device index from ``process_labels`` metadata ("GPU 3")."""
+    out: dict[int, int] = {}
+    if not meta_rows.num_rows:
+        return out
+    rows = meta_rows.filter(pc.equal(meta_rows["name"], "process_labels")).to_pydict()
+    for pid, args in zip(rows["pid"], rows["args"], strict=True):
+        if pid is None or not args:
+            continue
+        labels = msgspec.json.decode(args)
+        text = labels.get("labels") if isinstance(labels, dict) else None
+        if isinstance(text, str):
+            m = _GPU_LABEL.match(text.strip())
+            if m:
+                out[pid] = int(m.group(1))
+    return out
+
+
+def _collective_bytes(args: list[str | None]) -> list[float | None]:
+    """Bytes of a collective: the larger of its in/out element counts times the dtype size
+    (the buffer nccl-tests sizes its bandwidth by)."""
+    out: list[float | None] = []
+    for a in args:
+        if not a:
+            out.append(None)
+            continue
+        d = msgspec.json.decode(a)
+        n_in = d.get("In msg nelems") if isinstance(d, dict) else None
+        n_out = d.get("Out msg nelems") if isinstance(d, dict) else None
+        dt = d.get("dtype") if isinstance(d, dict) else None
+        size = DTYPE_BYTES.get(str(dt).lower()) if dt is not None else None
+        counts = [v for v in (n_in, n_out) if isinstance(v, (int, float))]
+        out.append(float(max(counts) * size) if counts and size else None)
+    return out
+
+
+def build_tables(
+    raw: pa.Table,
+    *,
+    part: int,
+    rank: int | None,
+    host: str | None,
+    string_ids: dict[str, dict[str, str]],
+) -> Tables:
+    """Normalize one source file's raw columns (see ``formats.kineto.RAW_SCHEMA``)."""
+    ph = raw.column("ph")
+    is_flow = pc.is_in(ph, pa.array(FLOW_PHASES))
+    is_counter = pc.equal(ph, "C")
+    is_meta = pc.equal(ph, "M")
+    is_event = pc.invert(pc.or_(pc.or_(is_flow, is_counter), is_meta))
+
+    meta_raw = raw.filter(is_meta)
+    metadata = _metadata_table(meta_raw, part, rank)
+    events, order, parent_pos, end, is_slice = _events_table(
+        _match_begin_end(raw.filter(is_event)), part, rank, host, string_ids, meta_raw
+    )
+    flows, links = _flow_tables(raw.filter(is_flow), events, order, parent_pos, end, is_slice,
+                                part, rank)  # fmt: skip
+    counters = _counters_table(raw.filter(is_counter), part, rank)
+    return Tables(events, flows, links, counters, metadata)
+
+
+def _rank_col(n: int, rank: int | None) -> pa.Array:
+    return pa.nulls(n, pa.int32()) if rank is None else pa.array(np.full(n, rank, np.int32))
+
+
+def _events_table(
+    ev: pa.Table,
+    part: int,
+    rank: int | None,
+    host: str | None,
+    string_ids: dict[str, dict[str, str]],
+    meta_raw: pa.Table,
+) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    n = ev.num_rows
+    index = _np(ev["index"])
+    pid = _np(ev["pid"], -1)
+    tid = _np(ev["tid"], -1)
+    ts = _np(ev["ts"])
+    dur_null = _isnull(ev["dur"])
+    dur = _np(ev["dur"])
+    phase = ev["ph"]
+    cat = ev["cat"]
+    name = ev["name"]
+
+    # device and stream
+    is_dev_cat = np.asarray(
+        _dict_map(cat, lambda c: bool(c) and c.lower() in DEVICE_CATEGORIES, pa.bool_()),
+        dtype=bool,
+    )
+    dev_arg = ev["device_arg"]
+    gpu_pids = _gpu_pids(meta_raw)
+    device = np.full(n, -1, dtype=np.int64)
+    dev_from_arg = _np(dev_arg, -1)
+    has_arg = np.asarray(pc.is_valid(dev_arg).to_numpy(zero_copy_only=False), dtype=bool)
+    device[is_dev_cat] = np.where(has_arg[is_dev_cat], dev_from_arg[is_dev_cat], pid[is_dev_cat])
+    if gpu_pids:
+        keys = np.fromiter(gpu_pids.keys(), dtype=np.int64)
+        vals = np.fromiter(gpu_pids.values(), dtype=np.int64)
+        on_gpu = np.isin(pid, keys) & ~is_dev_cat
+        if on_gpu.any():
+            lookup = dict(zip(keys.tolist(), vals.tolist(), strict=True))
+            device[on_gpu] = [lookup[p] for p in pid[on_gpu].tolist()]
+    is_dev = device >= 0
+    stream = np.full(n, -1, dtype=np.int64)
+    s_arg = ev["stream_arg"]
+    has_s = np.asarray(pc.is_valid(s_arg).to_numpy(zero_copy_only=False), dtype=bool)
+    s_val = _np(s_arg, -1)
+    tid_stream = tid.copy()
+    named = {int(k): v for k, v in string_ids.get("tid", {}).items()}
+    if named:
+        neg = tid < 0
+        if neg.any():
+            parsed = {}
+            for k, v in named.items():
+                m = _STREAM_NAME.search(v)
+                parsed[k] = int(m.group(1)) if m else -1
+            tid_stream[neg] = [parsed.get(t, -1) for t in tid[neg].tolist()]
+    stream[is_dev] = np.where(has_s[is_dev], s_val[is_dev], tid_stream[is_dev])
+    stream_arr = pa.array(stream, pa.int64(), mask=stream < 0)
+
+    # level
+    level = _levels(cat, name, device)
+
+    # nesting on each track
+    scope = ev["scope"]
+    instant = (
+        np.asarray(
+            pc.is_in(phase, pa.array(["i", "I", "n", "b", "e", "E"])).to_numpy(
+                zero_copy_only=False
+            ),
+            dtype=bool,
+        )
+        | dur_null
+    )
+    global_inst = instant & np.asarray(
+        pc.fill_null(pc.is_in(scope, pa.array(["g", "p"])), False).to_numpy(zero_copy_only=False),
+        dtype=bool,
+    )
+    span_dur = np.where(instant, 0, dur)
+    # Global and process-scoped instants belong to no thread: give them a track of their own.
+    nest_tid = np.where(global_inst, np.iinfo(np.int64).min, tid)
+    order, parent_pos, end, is_slice = nest(pid, nest_tid, ts, span_dur, ~instant)
+    parent_row = np.full(n, -1, dtype=np.int64)
+    has_parent = parent_pos >= 0
+    parent_row[order[has_parent]] = order[parent_pos[has_parent]]
+    depth = np.zeros(n, dtype=np.int16)
+    depth[order] = depths(parent_pos)
+    ids = (np.int64(part) << ID_SHIFT) | index
+    parent_id = np.where(parent_row >= 0, ids[np.maximum(parent_row, 0)], -1)
+
+    # steps
+    step = _steps(ev, name, level, pid, ts, span_dur, is_dev)
+
+    # bytes moved
+    bytes_arg = ev["bytes_arg"]
+    lvl_np = np.asarray(level.to_numpy(zero_copy_only=False), dtype=object)
+    mem = np.isin(lvl_np, ["memcpy", "memset"])
+    bytes_col = np.full(n, np.nan)
+    b_np = np.asarray(pc.fill_null(bytes_arg, np.nan).to_numpy(zero_copy_only=False), dtype=float)
+    bytes_col[mem] = b_np[mem]
+    coll = np.flatnonzero(lvl_np == "collective")
+    if coll.size:
+        sub_args = ev["args"].take(pa.array(coll)).to_pylist()
+        vals = _collective_bytes(sub_args)
+        bytes_col[coll] = [np.nan if v is None else v for v in vals]
+
+    table = pa.Table.from_arrays(
+        [
+            pa.array(ids, pa.int64()),
+            pa.array(np.full(n, part, np.int32)),
+            pa.array(index, pa.int64()),
+            _rank_col(n, rank),
+            _const_dict(host, n),
+            _as_dict(phase),
+            _as_dict(scope),
+            pa.array(pid, pa.int64(), mask=_isnull(ev["pid"])),
+            pa.array(tid, pa.int64(), mask=_isnull(ev["tid"])),
+            pa.array(device.astype(np.int32)),
+            stream_arr,
+            _as_dict(level),
+            _as_dict(cat),
+            _as_dict(name),
+            pa.array(ts, pa.int64()),
+            pa.array(dur, pa.int64(), mask=dur_null),
+            pa.array(parent_id, pa.int64(), mask=parent_id < 0),
+            pa.array(depth, pa.int16()),
+            ev["correlation"].combine_chunks(),
+            ev["external_id"].combine_chunks(),
+            step,
+            pa.nulls(n, pa.float64()),
+            pa.array(bytes_col, pa.float64(), mask=np.isnan(bytes_col)),
+            ev["args"].combine_chunks(),
+            ev["extra"].combine_chunks(),
+        ],
+        schema=EVENTS,
+    )
+    return table, order, parent_pos, end, is_slice
+
+
+def _steps(
+    ev: pa.Table,
+    name: pa.ChunkedArray,
+    level: pa.Array,
+    pid: np.ndarray,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    is_dev: np.ndarray,
+) -> pa.Array:
+    n = len(ts)
+    step_no = np.asarray(
+        _dict_map(
+            name,
+            lambda v: int(m.group(1)) if v and (m := _STEP_NAME.match(v)) else -1,
+            pa.int64(),
+        ),
+        dtype=np.int64,
+    )
+    is_step = np.asarray(pc.equal(level, "step").to_numpy(zero_copy_only=False), dtype=bool)
+    step = np.full(n, -1, dtype=np.int64)
+    rows = np.flatnonzero(is_step)
+    if not rows.size:
+        return pa.nulls(n, pa.int64())
+    step[rows] = step_no[rows]
+    s_ts, s_end, s_no = ts[rows], ts[rows] + dur[rows], step_no[rows]
+    # host events: the step span of the same process that contains their start
+    host = ~is_dev & ~is_step
+    for p in np.unique(pid[rows]):
+        sel = pid[rows] == p
+        o = np.argsort(s_ts[sel])
+        st, en, no = s_ts[sel][o], s_end[sel][o], s_no[sel][o]
+        cand = np.flatnonzero(host & (pid == p))
+        k = np.searchsorted(st, ts[cand], side="right") - 1
+        ok = (k >= 0) & (ts[cand] < en[np.maximum(k, 0)])
+        step[cand[ok]] = no[k[ok]]
+    # device events: the step of the host call that launched them (same correlation id)
+    corr = ev["correlation"]
+    c = _np(corr, -1)
+    has_c = np.asarray(pc.is_valid(corr).to_numpy(zero_copy_only=False), dtype=bool)
+    src = ~is_dev & has_c & (step >= 0)
+    dev = np.flatnonzero(is_dev & has_c)
+    if dev.size and src.any():
+        keys, first = np.unique(c[src], return_index=True)
+        vals = step[src][first]
+        k = np.searchsorted(keys, c[dev])
+        k = np.minimum(k, len(keys) - 1)
+        hit = keys[k] == c[dev]
+        step[dev[hit]] = vals[k[hit]]
+    # device events with no launch found: by time against all steps
+    rest = np.flatnonzero(is_dev & (step < 0))
+    if rest.size:
+        o = np.argsort(s_ts)
+        st, en, no = s_ts[o], s_end[o], s_no[o]
+        k = np.searchsorted(st, ts[rest], side="right") - 1
+        ok = (k >= 0) & (ts[rest] < en[np.maximum(k, 0)])
+        step[rest[ok]] = no[k[ok]]
+    return pa.array(step, pa.int64(), mask=step < 0)
+
+
+def _flow_tables(
+    fl: pa.Table,
+    events: pa.Table,
+    order: np.ndarray,
+    parent_pos: np.ndarray,
+    end: np.ndarray,
+    is_slice: np.ndarray,
+    part: int,
+    rank: int | None,
+) -> tuple[pa.Table, pa.Table]:
+    n = fl.num_rows
+    ev_pid = _np(events["pid"], -1)
+    ev_tid = _np(events["tid"], -1)
+    ev_ts = _np(events["ts"])
+    f_ph = np.asarray(fl["ph"].to_numpy(zero_copy_only=False), dtype=object)
+    bp = np.asarray(pc.fill_null(fl["bp"], "").to_numpy(zero_copy_only=False), dtype=object)
+    fl_next = (f_ph == "f") & (bp != "e")
+    f_ts = _np(fl["ts"])
+    row = bind_flows(order, parent_pos, end, is_slice, ev_pid, ev_tid, ev_ts,
+                     _np(fl["pid"], -1), _np(fl["tid"], -1), f_ts, fl_next)  # fmt: skip
+    ev_ids = _np(events["id"])
+    bound = np.where(row >= 0, ev_ids[np.maximum(row, 0)], -1)
+    flows = pa.Table.from_arrays(
+        [
+            pa.array(np.full(n, part, np.int32)),
+            fl["index"].combine_chunks(),
+            _rank_col(n, rank),
+            _as_dict(fl["ph"]),
+            _as_dict(fl["cat"]),
+            _as_dict(fl["name"]),
+            fl["flow_id"].combine_chunks(),
+            fl["pid"].combine_chunks(),
+            fl["tid"].combine_chunks(),
+            fl["ts"].combine_chunks(),
+            fl["bp"].combine_chunks(),
+            pa.array(bound, pa.int64(), mask=bound < 0),
+            fl["args"].combine_chunks(),
+            fl["extra"].combine_chunks(),
+        ],
+        schema=FLOWS,
+    )
+    # links: within each (category, id), every t or f links from the s/t before it
+    if n == 0:
+        return flows, LINKS.empty_table()
+    cat_codes = _np(pc.dictionary_encode(pc.fill_null(fl["cat"], "")).combine_chunks().indices)
+    id_codes = _np(pc.dictionary_encode(pc.fill_null(fl["flow_id"], "")).combine_chunks().indices)
+    rank_ph = np.select([f_ph == "s", f_ph == "t"], [0, 1], 2)
+    idx = _np(fl["index"])
+    o = np.lexsort((idx, f_ts, rank_ph, id_codes, cat_codes))
+    same_prev = np.r_[
+        False, (cat_codes[o][1:] == cat_codes[o][:-1]) & (id_codes[o][1:] == id_codes[o][:-1])
+    ]
+    is_src = rank_ph[o] < 2
+    # position of the latest s/t at or before each position within the group
+    last_src = np.where(is_src, np.arange(n), -1)
+    group_start = np.where(~same_prev, np.arange(n), 0)
+    group_start = np.maximum.accumulate(group_start)
+    last_src = np.maximum.accumulate(last_src)
+    prev_src = np.r_[-1, last_src[:-1]]
+    has_src = (prev_src >= group_start) & same_prev & (rank_ph[o] > 0)
+    dst_pos = np.flatnonzero(has_src)
+    src_pos = prev_src[dst_pos]
+    src_rows = o[src_pos]
+    dst_rows = o[dst_pos]
+    kinds = fl["cat"].combine_chunks().take(pa.array(dst_rows))
+    links = pa.Table.from_arrays(
+        [
+            pa.array(np.full(len(dst_rows), part, np.int32)),
+            _rank_col(len(dst_rows), rank),
+            _as_dict(kinds),
+            fl["flow_id"].combine_chunks().take(pa.array(dst_rows)),
+            pa.array(bound[src_rows], pa.int64(), mask=bound[src_rows] < 0),
+            pa.array(bound[dst_rows], pa.int64(), mask=bound[dst_rows] < 0),
+            pa.array(idx[src_rows], pa.int64()),
+            pa.array(idx[dst_rows], pa.int64()),
+        ],
+        schema=LINKS,
+    )
+    return flows, links
+
+
+def _counters_table(c: pa.Table, part: int, rank: int | None) -> pa.Table:
+    """One row per (counter entry, series): a ``C`` entry's args hold one value per series."""
+    if c.num_rows == 0:
+        return COUNTERS.empty_table()
+    d = c.select(["index", "pid", "tid", "cat", "name", "ts", "args"]).to_pydict()
+    rows: dict[str, list[Any]] = {k: [] for k in COUNTERS.names}
+    for i in range(c.num_rows):
+        args = msgspec.json.decode(d["args"][i]) if d["args"][i] else {}
+        series = list(args.items()) if isinstance(args, dict) and args else [(None, None)]
+        for key, value in series:
+            rows["part"].append(part)
+            rows["index"].append(d["index"][i])
+            rows["rank"].append(rank)
+            rows["pid"].append(d["pid"][i])
+            rows["tid"].append(d["tid"][i])
+            rows["category"].append(d["cat"][i])
+            rows["name"].append(d["name"][i])
+            rows["series"].append(key)
+            rows["ts"].append(d["ts"][i])
+            is_num = isinstance(value, (int, float)) and not isinstance(value, bool)
+            rows["value"].append(float(value) if is_num else None)
+            rows["args"].append(d["args"][i])
+    return pa.Table.from_pydict(
+        {k: pa.array(v, COUNTERS.field(k).type.value_type
+                     if pa.types.is_dictionary(COUNTERS.field(k).type) else COUNTERS.field(k).type)
+         for k, v in rows.items()}
+    ).cast(COUNTERS)  # fmt: skip
+
+
+def _metadata_table(m: pa.Table, part: int, rank: int | None) -> pa.Table:
+    n = m.num_rows
+    return pa.Table.from_arrays(
+        [
+            pa.array(np.full(n, part, np.int32)),
+            m["index"].combine_chunks(),
+            _rank_col(n, rank),
+            _as_dict(m["cat"]),
+            _as_dict(m["name"]),
+            m["pid"].combine_chunks(),
+            m["tid"].combine_chunks(),
+            m["ts"].combine_chunks(),
+            m["args"].combine_chunks(),
+            m["extra"].combine_chunks(),
+        ],
+        schema=METADATA,
+    )

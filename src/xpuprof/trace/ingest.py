@@ -1,0 +1,372 @@
+"""Import trace files into a store, one source file per task, in parallel on Dask.
+
+Each file is read, normalized and written by one task, which returns only a small summary: the
+tables never travel between processes, so the parent stays small and the same code runs on a
+LocalCluster here or on a user's cluster (``scheduler=ADDRESS``; the store path must then be
+visible to the workers). Small inputs skip Dask entirely, since starting workers costs more than
+it saves below a few tens of megabytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xpuprof.errors import TraceFormatError, XpuprofError
+from xpuprof.trace import store as st
+
+#: Below this much input, import in-process: a LocalCluster's start-up would cost more.
+PARALLEL_MIN_BYTES = 48 << 20
+
+_RANK_IN_NAME = re.compile(r"(?:rank|worker)[_\-]?(\d+)", re.IGNORECASE)
+_TRACE_SUFFIXES = (".json", ".json.gz")
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class ImportReport:
+    """What an import did, for the CLI and for scripts (``--json``)."""
+
+    store: str
+    noop: bool
+    sources: list[dict[str, Any]]
+    rows: dict[str, int]
+    levels: dict[str, int]
+    events_read: int
+    seconds: float
+    workers: int
+    reused: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "store": self.store,
+            "noop": self.noop,
+            "seconds": round(self.seconds, 3),
+            "workers": self.workers,
+            "events_read": self.events_read,
+            "rows": self.rows,
+            "levels": self.levels,
+            "reused": self.reused,
+            "sources": [
+                {
+                    "path": s["path"],
+                    "part": s["part"],
+                    "rank": s["rank"],
+                    "events_read": s["read"]["total"],
+                    "rows": s["rows"],
+                    "dropped": s["read"]["dropped"],
+                    "truncated": s["read"].get("truncated", False),
+                }
+                for s in self.sources
+            ],
+        }
+
+
+def expand_sources(paths: list[str | Path]) -> list[Path]:
+    """Files named directly, plus the ``.json``/``.json.gz`` files under named directories."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            if st.is_store(p):
+                raise XpuprofError(f"{p}: is an xpuprof store, not a trace to import")
+            found = sorted(
+                f
+                for f in p.rglob("*")
+                if f.is_file()
+                and f.name.endswith(_TRACE_SUFFIXES)
+                and not any(part.startswith(".") for part in f.relative_to(p).parts)
+                and not (f.parent / st.MANIFEST).exists()
+            )
+            if not found:
+                raise XpuprofError(f"{p}: no .json or .json.gz trace files in this directory")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise XpuprofError(f"{p}: no such file or directory")
+    seen: set[Path] = set()
+    unique = []
+    for p in out:
+        r = p.resolve()
+        if r not in seen:
+            seen.add(r)
+            unique.append(r)
+    return unique
+
+
+def rank_from_name(path: Path) -> int | None:
+    m = _RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def import_file(
+    path: str, part: int, out_dir: str, lenient: bool, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Read, normalize and write one source file; return its manifest entry.
+
+    Runs inside a Dask worker for parallel imports, so it takes and returns plain data.
+    """
+    import gc
+
+    import pyarrow.compute as pc
+
+    from xpuprof.formats.kineto import read_kineto
+    from xpuprof.trace.build import build_tables
+
+    p = Path(path)
+    stat = p.stat()
+    cb = (lambda done: progress(done, 0)) if progress else None
+    gc_was = gc.isenabled()
+    gc.disable()  # the decoder allocates millions of small objects; collection costs 3-4x
+    try:
+        raw = read_kineto(p, lenient=lenient, progress=cb)
+    finally:
+        if gc_was:
+            gc.enable()
+    dist = raw.top.get("distributedInfo")
+    rank, rank_from = None, None
+    if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
+        rank, rank_from = dist["rank"], "distributedInfo"
+    elif (hint := rank_from_name(p)) is not None:
+        rank, rank_from = hint, "file name"
+    host = raw.top.get("host_name") or raw.top.get("hostname")
+    host = host if isinstance(host, str) else None
+
+    cols = raw.columns
+    read_phase = {k["values"]: k["counts"] for k in pc.value_counts(cols["ph"]).to_pylist()}
+    read_cat = {
+        ("" if k["values"] is None else k["values"]): k["counts"]
+        for k in pc.value_counts(cols["cat"]).to_pylist()
+    }
+    tables = build_tables(cols, part=part, rank=rank, host=host, string_ids=raw.string_ids)
+    del raw.columns, cols
+    root = Path(out_dir)
+    files = {}
+    rows = {}
+    for name in st.TABLES:
+        t = getattr(tables, name)
+        rel = st.part_file(name, part)
+        st.write_table(t, root / rel)
+        files[name] = rel
+        rows[name] = t.num_rows
+    levels = {
+        k["values"]: k["counts"]
+        for k in pc.value_counts(
+            tables.events["level"].combine_chunks().dictionary_decode()
+        ).to_pylist()
+    }
+    dropped = [d.__dict__ for d in raw.dropped]
+    n_dropped = sum(d.events for d in raw.dropped)
+    return {
+        "path": str(p),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sha256": raw.sha256,
+        "format": "kineto",
+        "compressed": raw.compressed,
+        "part": part,
+        "rank": rank,
+        "rank_from": rank_from,
+        "host": host,
+        "files": files,
+        "rows": rows,
+        "levels": levels,
+        "read": {
+            "total": sum(read_phase.values()) + n_dropped,
+            "kept": sum(read_phase.values()),
+            "phase": read_phase,
+            "category": read_cat,
+            "dropped": dropped,
+            "truncated": raw.truncated,
+        },
+        "meta": {**raw.top, "string_ids": raw.string_ids},
+    }
+
+
+def _unchanged(entry: dict[str, Any], path: Path) -> bool:
+    """True when ``path`` is the file recorded in ``entry`` (size + mtime, else its hash)."""
+    try:
+        s = path.stat()
+    except OSError:
+        return False
+    if s.st_size != entry.get("size"):
+        return False
+    if s.st_mtime_ns == entry.get("mtime_ns"):
+        return True
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    if h.hexdigest() == entry.get("sha256"):
+        entry["mtime_ns"] = s.st_mtime_ns
+        return True
+    return False
+
+
+def _run(
+    jobs: list[tuple[Path, int]],
+    staging: Path,
+    lenient: bool,
+    scheduler: str | None,
+    workers: int | None,
+    progress: Progress | None,
+) -> tuple[list[dict[str, Any]], int]:
+    total = sum(p.stat().st_size for p, _ in jobs)
+    n_cpu = os.cpu_count() or 1
+    if workers is None:
+        parallel = len(jobs) > 1 and total >= PARALLEL_MIN_BYTES and n_cpu > 1
+        workers = min(n_cpu, len(jobs)) if parallel else 1
+    if scheduler is None and workers <= 1:
+        out = []
+        done = 0
+        for path, part in jobs:
+            size = path.stat().st_size
+            base = done
+
+            def cb(d: int, _t: int, base: int = base, size: int = size) -> None:
+                if progress:
+                    progress(min(base + d, base + size), total)
+
+            out.append(
+                import_file(str(path), part, str(staging), lenient, cb if progress else None)
+            )
+            done += size
+            if progress:
+                progress(done, total)
+        return out, 1
+    from dask.distributed import Client, LocalCluster, as_completed
+
+    cluster = None
+    if scheduler:
+        client = Client(scheduler)
+    else:
+        cluster = LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            silence_logs=logging.ERROR,
+        )
+        client = Client(cluster)
+    try:
+        n_workers = len(client.scheduler_info().get("workers", {})) or workers
+        # biggest files first: the last task to start should be a small one
+        ordered = sorted(jobs, key=lambda j: -j[0].stat().st_size)
+        futures = [
+            client.submit(import_file, str(p), part, str(staging), lenient, key=f"import-{part}")
+            for p, part in ordered
+        ]
+        sizes = {f"import-{part}": p.stat().st_size for p, part in ordered}
+        results = []
+        done = 0
+        for fut in as_completed(futures):
+            try:
+                results.append(fut.result())
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+            done += sizes[fut.key]
+            if progress:
+                progress(done, total)
+        return results, n_workers
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def import_traces(
+    paths: list[str | Path],
+    store: str | Path,
+    *,
+    lenient: bool = False,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> ImportReport:
+    """Import trace files (or directories of them) into ``store``.
+
+    The store then holds exactly these sources. Sources already in it, unchanged (same size and
+    modification time, or same SHA-256), are kept as they are; if nothing changed the import is
+    a no-op. Nothing is left behind on error: a new store is built in a hidden sibling folder
+    and renamed into place at the end, and an existing one changes only when its manifest is
+    replaced.
+    """
+    t0 = time.perf_counter()
+    root = Path(store).resolve()
+    sources = expand_sources(paths)
+    if root.exists() and not st.is_store(root):
+        if root.is_file() or any(root.iterdir()):
+            raise XpuprofError(f"{root}: exists and is not an xpuprof store; not overwriting it")
+    old = st.read_manifest(root) if st.is_store(root) else None
+    old_by_path = {s["path"]: s for s in old["sources"]} if old else {}
+    keep: list[dict[str, Any]] = []
+    todo: list[Path] = []
+    for src in sources:
+        entry = old_by_path.get(str(src))
+        if entry is not None and not force and _unchanged(entry, src):
+            keep.append(entry)
+        else:
+            todo.append(src)
+    if old is not None and not todo and len(keep) == len(old["sources"]):
+        return ImportReport(
+            store=str(root),
+            noop=True,
+            sources=keep,
+            rows=old["rows"],
+            levels=old["levels"],
+            events_read=old["events_read"],
+            seconds=time.perf_counter() - t0,
+            workers=0,
+            reused=[s["path"] for s in keep],
+        )
+    next_part = 1 + max((s["part"] for s in old["sources"]), default=-1) if old else 0
+    jobs = [(p, next_part + i) for i, p in enumerate(todo)]
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = root.parent / f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        results, n_workers = _run(jobs, staging, lenient, scheduler, workers, progress)
+        manifest = st.new_manifest(keep + results)
+        if old is None:
+            st.write_manifest(staging, manifest)
+            if root.exists():  # an empty directory the user made for us
+                root.rmdir()
+            os.replace(staging, root)
+        else:
+            for r in results:
+                for rel in r["files"].values():
+                    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(staging / rel, root / rel)
+            st.write_manifest(root, manifest)
+            st.remove_unlisted(root, manifest)
+            st.discard(staging)
+    except BaseException:
+        st.discard(staging)
+        raise
+    return ImportReport(
+        store=str(root),
+        noop=False,
+        sources=manifest["sources"],
+        rows=manifest["rows"],
+        levels=manifest["levels"],
+        events_read=manifest["events_read"],
+        seconds=time.perf_counter() - t0,
+        workers=n_workers,
+        reused=[s["path"] for s in keep],
+    )
+
+
+__all__ = ["ImportReport", "TraceFormatError", "expand_sources", "import_traces"]

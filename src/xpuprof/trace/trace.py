@@ -1,0 +1,205 @@
+"""The ``Trace`` object: one store, read lazily as Arrow, pandas or SQL.
+
+Nothing is loaded until asked for: opening a store reads only its manifest (so ``info`` is
+instant on any size), ``table()`` reads the Parquet columns it needs, and ``sql()`` lets DuckDB
+read the Parquet files directly, out of core.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+import weakref
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from xpuprof.errors import XpuprofError
+from xpuprof.schema import SCHEMAS, TABLES
+from xpuprof.trace import store as st
+
+if TYPE_CHECKING:
+    import duckdb
+    import pandas as pd
+    import pyarrow as pa
+
+#: Columns left out of ``Trace.events``: the lossless source text, large and rarely needed.
+HEAVY_COLUMNS = ("args", "extra")
+
+
+class Trace:
+    """A normalized trace store (see ``docs/schema.md`` for its tables)."""
+
+    def __init__(self, path: str | Path, *, _cleanup: Path | None = None) -> None:
+        self.path = Path(path).resolve()
+        self.manifest = st.read_manifest(self.path)
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._cleanup = _cleanup
+        if _cleanup is not None:
+            self._finalizer = weakref.finalize(self, shutil.rmtree, str(_cleanup), True)
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (
+            f"Trace({str(self.path)!r}, sources={len(m['sources'])}, "
+            f"events={m['rows'].get('events', 0)})"
+        )
+
+    def __enter__(self) -> Trace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the DuckDB connection (and the temporary store of an on-the-fly import)."""
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+        if self._cleanup is not None:
+            self._finalizer()
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    @property
+    def sources(self) -> list[dict[str, Any]]:
+        return self.manifest["sources"]
+
+    @property
+    def ranks(self) -> list[int | None]:
+        return [s["rank"] for s in self.sources]
+
+    @cached_property
+    def meta(self) -> dict[str, Any]:
+        """Facts about the capture: per source its rank, host, device properties, distributed
+        info and every other top-level key of the source file."""
+        out: dict[str, Any] = {
+            "store": str(self.path),
+            "sources": [],
+            "device_properties": {},
+            "distributed_info": {},
+        }
+        for s in self.sources:
+            meta = s.get("meta", {})
+            key = s["rank"] if s["rank"] is not None else f"part{s['part']}"
+            if "deviceProperties" in meta:
+                out["device_properties"][key] = meta["deviceProperties"]
+            if "distributedInfo" in meta:
+                out["distributed_info"][key] = meta["distributedInfo"]
+            out["sources"].append(
+                {
+                    "path": s["path"],
+                    "part": s["part"],
+                    "rank": s["rank"],
+                    "rank_from": s.get("rank_from"),
+                    "host": s.get("host"),
+                    "format": s.get("format"),
+                    "meta": meta,
+                }
+            )
+        return out
+
+    # -- tables ------------------------------------------------------------------------------
+
+    def files(self, table: str) -> list[Path]:
+        if table not in TABLES:
+            raise XpuprofError(f"unknown table {table!r}; tables are: {', '.join(TABLES)}")
+        return [self.path / f for f in st.files_of(self.manifest, table)]
+
+    def table(self, name: str, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
+        """One table as Arrow, all parts together (optionally a subset of columns / rows)."""
+        import pyarrow.parquet as pq
+
+        files = self.files(name)
+        schema = SCHEMAS[name]
+        if not files:
+            t = schema.empty_table()
+            return t.select(columns) if columns else t
+        return pq.read_table(
+            [str(f) for f in files], columns=columns, filters=filters, schema=schema
+        )
+
+    @cached_property
+    def events(self) -> pd.DataFrame:
+        """The events table as pandas, without the heavy ``args``/``extra`` text columns
+        (read those with :meth:`args` or ``table("events")``)."""
+        cols = [c for c in SCHEMAS["events"].names if c not in HEAVY_COLUMNS]
+        return self.table("events", columns=cols).to_pandas()
+
+    def args(self, ids: list[int] | Any) -> dict[int, Any]:
+        """The original args objects of the given event ids, decoded from their source text."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        want = pa.array(list(ids), pa.int64())
+        t = self.table("events", columns=["id", "args"])
+        t = t.filter(pc.is_in(t["id"], want))
+        return {
+            i: (None if a is None else msgspec.json.decode(a))
+            for i, a in zip(t["id"].to_pylist(), t["args"].to_pylist(), strict=True)
+        }
+
+    # -- SQL ---------------------------------------------------------------------------------
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection with one view per table, reading the Parquet files in place."""
+        if self._con is None:
+            import duckdb
+
+            con = duckdb.connect()
+            for name in TABLES:
+                files = self.files(name)
+                if files:
+                    lst = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+                    con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{lst}])")
+                else:
+                    con.register(f"_{name}_empty", SCHEMAS[name].empty_table())
+                    con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
+            self._con = con
+        return self._con
+
+    def sql(self, query: str) -> pd.DataFrame:
+        """Run SQL over the store's tables (``events``, ``flows``, ``links``, ``counters``,
+        ``metadata``) and return a DataFrame."""
+        import duckdb
+
+        try:
+            return self.con.execute(query).df()
+        except duckdb.Error as e:
+            raise XpuprofError(f"SQL error: {e}") from None
+
+
+def load(path: str | Path, *, lenient: bool = False, scheduler: str | None = None) -> Trace:
+    """Open a store, or import trace files (a file, or a directory of them) on the fly.
+
+    An on-the-fly import goes to a temporary store that is deleted when the Trace is closed or
+    garbage-collected; import with ``xpuprof import`` to keep it.
+    """
+    p = Path(path)
+    if st.is_store(p):
+        return Trace(p)
+    if not p.exists():
+        raise XpuprofError(f"{p}: no such file or directory")
+    from xpuprof.trace.ingest import import_traces
+
+    tmp = Path(tempfile.mkdtemp(prefix="xpuprof-"))
+    _TEMP_DIRS.add(str(tmp))
+    try:
+        import_traces([p], tmp / "store", lenient=lenient, scheduler=scheduler)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Trace(tmp / "store", _cleanup=tmp)
+
+
+_TEMP_DIRS: set[str] = set()
+
+
+@atexit.register
+def _remove_temp_dirs() -> None:
+    for d in _TEMP_DIRS:
+        shutil.rmtree(d, ignore_errors=True)

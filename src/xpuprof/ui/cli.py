@@ -1,0 +1,330 @@
+"""The ``xpuprof`` command line.
+
+Every command that prints a table also takes ``--json`` and then prints exactly one JSON
+document on stdout, so scripts and tests read numbers rather than text. Errors print one line on
+stderr (``error: <file>: <what> (at <where>)``) and exit with code 2.
+
+Heavy libraries (pyarrow, pandas, DuckDB, Dask) are imported inside the commands that need them,
+so ``xpuprof info`` answers from the manifest alone in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from xpuprof.errors import XpuprofError
+from xpuprof.names import LEVELS, TABLES
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="xpuprof: performance analysis for ML programs on accelerators.",
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+#: Show a progress bar when the input is at least this large.
+PROGRESS_MIN_BYTES = 16 << 20
+
+
+def _fail(e: Exception) -> None:
+    err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def _level_table(levels: dict[str, int]) -> Table:
+    t = Table(title="events per level", title_justify="left")
+    t.add_column("level")
+    t.add_column("events", justify="right")
+    for lv in LEVELS:
+        if levels.get(lv):
+            t.add_row(lv, f"{levels[lv]:,}")
+    return t
+
+
+def _rows_table(rows: dict[str, int]) -> Table:
+    t = Table(title="rows per table", title_justify="left")
+    t.add_column("table")
+    t.add_column("rows", justify="right")
+    for name in TABLES:
+        t.add_row(name, f"{rows.get(name, 0):,}")
+    return t
+
+
+@app.command("import")
+def import_cmd(
+    paths: list[Path] = typer.Argument(..., help="Trace files (.json, .json.gz) or directories."),
+    store: Path = typer.Option(..., "-o", "--output", help="Store directory to write."),
+    lenient: bool = typer.Option(
+        False, "--lenient", help="Keep what parses in damaged files and report what was dropped."
+    ),
+    scheduler: str = typer.Option(
+        None, "--scheduler", help="Address of a running Dask scheduler to import on."
+    ),
+    workers: int = typer.Option(
+        None, "--workers", help="Worker processes (default: one per core for large inputs)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Re-import even unchanged files."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Import PyTorch profiler (Kineto) / Chrome-trace files into a store."""
+    from xpuprof.trace.ingest import expand_sources, import_traces
+
+    try:
+        total = sum(p.stat().st_size for p in expand_sources(list(paths)))
+        progress = None
+        bar = None
+        if not as_json and total >= PROGRESS_MIN_BYTES:
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            bar = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=err,
+                transient=True,
+            )
+            task = bar.add_task("importing", total=total)
+
+            def progress(done: int, _total: int) -> None:
+                bar.update(task, completed=done)
+
+            bar.start()
+        try:
+            report = import_traces(
+                list(paths),
+                store,
+                lenient=lenient,
+                scheduler=scheduler,
+                workers=workers,
+                force=force,
+                progress=progress,
+            )
+        finally:
+            if bar is not None:
+                bar.stop()
+    except XpuprofError as e:
+        _fail(e)
+    doc = report.to_dict()
+    if as_json:
+        _print_json(doc)
+        return
+    if report.noop:
+        out.print(
+            f"{report.store}: up to date ({len(report.sources)} source(s) unchanged, "
+            f"{report.rows.get('events', 0):,} events)"
+        )
+        return
+    t = Table(title=f"imported into {report.store}", title_justify="left")
+    for c in ("source", "rank", "read", "events", "flows", "counters", "metadata", "dropped"):
+        t.add_column(c, justify="left" if c == "source" else "right")
+    for s in doc["sources"]:
+        dropped = sum(d["events"] for d in s["dropped"])
+        t.add_row(
+            Path(s["path"]).name + (" (unchanged)" if s["path"] in report.reused else ""),
+            "-" if s["rank"] is None else str(s["rank"]),
+            f"{s['events_read']:,}",
+            f"{s['rows']['events']:,}",
+            f"{s['rows']['flows']:,}",
+            f"{s['rows']['counters']:,}",
+            f"{s['rows']['metadata']:,}",
+            f"{dropped:,}",
+        )
+    out.print(t)
+    out.print(_level_table(report.levels))
+    for s in doc["sources"]:
+        for d in s["dropped"]:
+            where = f" at byte {d['offset']}" if d.get("offset") is not None else ""
+            out.print(f"[yellow]dropped[/] {d['events']} from {s['path']}: {d['reason']}{where}")
+    out.print(
+        f"read {report.events_read:,} events from {len(report.sources)} file(s) in "
+        f"{report.seconds:.2f} s ({report.workers} worker(s))"
+    )
+
+
+@app.command()
+def info(
+    store: Path = typer.Argument(..., help="Store directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """What a store holds: sources, ranks, devices, rows per table and per level."""
+    from xpuprof.trace.store import read_manifest
+
+    try:
+        m = read_manifest(store)
+    except XpuprofError as e:
+        _fail(e)
+    sources = []
+    for s in m["sources"]:
+        meta = s.get("meta", {})
+        devices = [
+            d.get("name") for d in meta.get("deviceProperties", []) or [] if isinstance(d, dict)
+        ]
+        sources.append(
+            {
+                "path": s["path"],
+                "part": s["part"],
+                "rank": s["rank"],
+                "rank_from": s.get("rank_from"),
+                "host": s.get("host"),
+                "format": s.get("format"),
+                "size": s["size"],
+                "events_read": s["read"]["total"],
+                "read": s["read"],
+                "rows": s["rows"],
+                "levels": s["levels"],
+                "devices": devices,
+                "world_size": (meta.get("distributedInfo") or {}).get("world_size")
+                if isinstance(meta.get("distributedInfo"), dict)
+                else None,
+            }
+        )
+    doc = {
+        "store": str(Path(store).resolve()),
+        "version": m["version"],
+        "written": m.get("written"),
+        "events_read": m["events_read"],
+        "rows": m["rows"],
+        "levels": m["levels"],
+        "sources": sources,
+    }
+    if as_json:
+        _print_json(doc)
+        return
+    t = Table(title=f"{doc['store']}", title_justify="left")
+    for c in ("part", "rank", "source", "size", "read", "events", "devices"):
+        t.add_column(c, justify="left" if c in ("source", "devices") else "right")
+    for s in sources:
+        devs = sorted(set(d for d in s["devices"] if d))
+        t.add_row(
+            str(s["part"]),
+            "-" if s["rank"] is None else str(s["rank"]),
+            Path(s["path"]).name,
+            _human_bytes(s["size"]),
+            f"{s['events_read']:,}",
+            f"{s['rows']['events']:,}",
+            ", ".join(devs) if devs else "-",
+        )
+    out.print(t)
+    out.print(_rows_table(m["rows"]))
+    out.print(_level_table(m["levels"]))
+
+
+@app.command()
+def sql(
+    store: Path = typer.Argument(
+        ..., help="Store directory (or a trace file, imported on the fly)."
+    ),
+    query: str = typer.Argument(
+        ..., help="SQL over tables events, flows, links, counters, metadata."
+    ),
+    limit: int = typer.Option(50, "--limit", help="Rows to print (all rows with --json)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Run a DuckDB SQL query over a store."""
+    from xpuprof.trace.trace import load
+
+    try:
+        with load(store) as trace:
+            df = trace.sql(query)
+    except XpuprofError as e:
+        _fail(e)
+    if as_json:
+        sys.stdout.write(df.to_json(orient="records", date_format="iso") + "\n")
+        return
+    t = Table()
+    for c in df.columns:
+        t.add_column(str(c), justify="right" if df[c].dtype.kind in "iuf" else "left")
+    for row in df.head(limit).itertuples(index=False):
+        t.add_row(*["" if v is None else str(v) for v in row])
+    out.print(t)
+    if len(df) > limit:
+        out.print(f"({len(df):,} rows, first {limit} shown; --limit N or --json for more)")
+
+
+@app.command()
+def export(
+    store: Path = typer.Argument(..., help="Store directory."),
+    output: Path = typer.Option(..., "-o", "--output", help="Output file (.json or .json.gz)."),
+    fmt: str = typer.Option("chrome", "--format", help="Output format: chrome."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Write a store back out as a Chrome trace (opens in Perfetto and chrome://tracing)."""
+    if fmt != "chrome":
+        _fail(XpuprofError(f"unknown export format {fmt!r}; formats: chrome"))
+    from xpuprof.formats.chrome import export_chrome
+    from xpuprof.trace.trace import Trace
+
+    try:
+        with Trace(store) as trace:
+            summary = export_chrome(trace, output)
+    except XpuprofError as e:
+        _fail(e)
+    if as_json:
+        _print_json(summary)
+    else:
+        out.print(
+            f"wrote {summary['events']:,} trace entries from {summary['sources']} source(s) "
+            f"to {summary['path']} ({_human_bytes(summary['bytes'])})"
+        )
+
+
+@app.command()
+def demo(
+    store: Path = typer.Option(
+        Path("xpuprof-demo.store"), "-o", "--output", help="Store directory to write."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Import the example trace shipped with xpuprof (a real PyTorch CPU training run) and
+    print what it holds."""
+    from importlib.resources import files
+
+    example = files("xpuprof") / "data" / "example_cpu_train.pt.trace.json.gz"
+    from xpuprof.trace.ingest import import_traces
+
+    try:
+        import_traces([Path(str(example))], store)
+    except XpuprofError as e:
+        _fail(e)
+    info(store, as_json)
+
+
+def main() -> None:
+    try:
+        app()
+    except XpuprofError as e:  # raised outside a command's own handler
+        err.print(f"error: {e}", highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
