@@ -100,10 +100,13 @@ class Dropped:
 
 @dataclass
 class RawTrace:
-    """What the reader hands to the normaliser: raw columns in source order plus file facts."""
+    """What the reader hands to the normaliser: raw columns in source order, already split by
+    kind of entry (``KINDS``), plus facts about the file."""
 
     path: str
-    columns: pa.Table
+    tables: dict[str, pa.Table]
+    read_phase: dict[str, int]
+    read_category: dict[str, int]
     top: dict[str, Any]
     string_ids: dict[str, dict[str, str]]
     size: int
@@ -113,19 +116,25 @@ class RawTrace:
     truncated: bool = False
 
 
+#: How entries are split as they are read: by phase, into the tables they will feed.
+KINDS = ("events", "flows", "counters", "metadata")
+_KIND_OF_PHASE = {"s": 1, "t": 1, "f": 1, "C": 2, "M": 3}
+
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
 RAW_SCHEMA = pa.schema(
     [
         ("index", pa.int64()),
-        ("ph", pa.string()),
-        ("cat", pa.string()),
-        ("name", pa.string()),
+        ("ph", _DICT),
+        ("cat", _DICT),
+        ("name", _DICT),
         ("pid", pa.int64()),
         ("tid", pa.int64()),
         ("ts", pa.int64()),
         ("dur", pa.int64()),
         ("flow_id", pa.string()),
-        ("bp", pa.string()),
-        ("scope", pa.string()),
+        ("bp", _DICT),
+        ("scope", _DICT),
         ("args", pa.large_string()),
         ("extra", pa.large_string()),
         ("correlation", pa.int64()),
@@ -391,16 +400,19 @@ def _float_column(values: list[Any]) -> pa.Array:
         return pa.array(out, pa.float64())
 
 
-def _string_column(values: list[Any]) -> pa.Array:
+def _string_column(values: list[Any], typ: pa.DataType | None = None) -> pa.Array:
+    """Strings as they come; anything else (a number as a name, say) as its JSON text.
+    Repetitive columns are built as dictionaries right away: a name then costs 4 bytes."""
+    typ = typ or pa.string()
     try:
-        return pa.array(values, pa.string())
+        return pa.array(values, typ)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return pa.array(
             [
                 v if v is None or isinstance(v, str) else msgspec.json.encode(v).decode()
                 for v in values
             ],
-            pa.string(),
+            typ,
         )
 
 
@@ -452,16 +464,16 @@ def _columns(
     sel = _ARGS_DEC.decode(b"[" + b",".join([a or b"null" for a in args]) + b"]")
     cols: dict[str, pa.Array] = {
         "index": pa.array(np.arange(index0, index0 + n, dtype=np.int64)),
-        "ph": _string_column(ph),
-        "cat": _string_column([e.cat for e in evs]),
-        "name": _string_column([e.name for e in evs]),
+        "ph": _string_column(ph, _DICT),
+        "cat": _string_column([e.cat for e in evs], _DICT),
+        "name": _string_column([e.name for e in evs], _DICT),
         "pid": ctx.ids("pid", [e.pid for e in evs]),
         "tid": ctx.ids("tid", [e.tid for e in evs]),
         "ts": _raw_strings([e.ts for e in evs]),
         "dur": _raw_strings([e.dur for e in evs]),
         "flow_id": _id_column([e.id for e in evs]),
-        "bp": _string_column([e.bp for e in evs]),
-        "scope": _string_column([e.s for e in evs]),
+        "bp": _string_column([e.bp for e in evs], _DICT),
+        "scope": _string_column([e.s for e in evs], _DICT),
         "args": _raw_strings(args),
         "extra": pa.array(extra if extra is not None else [None] * n, pa.large_string()),
     }
@@ -524,7 +536,9 @@ class _Reader:
         self.lenient = lenient
         self.progress = progress
         self.ctx = _Ctx()
-        self.batches: list[pa.RecordBatch] = []
+        self.batches: dict[str, list[pa.RecordBatch]] = {k: [] for k in KINDS}
+        self.read_phase: dict[str, int] = {}
+        self.read_category: dict[str, int] = {}
         self.index = 0
         self.dropped: list[Dropped] = []
         self.compressed = False
@@ -658,8 +672,27 @@ class _Reader:
             no_ts = pc.fill_null(
                 pc.and_(pc.is_null(batch.column("ts")), pc.not_equal(ph, "M")), False
             )
-        self.batches.append(batch)
+        self.split(batch)
         self.index += n
+
+    def split(self, batch: pa.RecordBatch) -> None:
+        """Count the chunk's entries, then file each under the table it will feed: splitting
+        chunk by chunk keeps a huge file from ever existing twice in memory."""
+        ph = batch.column("ph")
+        for counts, col in ((self.read_phase, ph), (self.read_category, batch.column("cat"))):
+            for row in pc.value_counts(col).to_pylist():
+                key = "" if row["values"] is None else row["values"]
+                counts[key] = counts.get(key, 0) + row["counts"]
+        codes = pa.array(
+            [_KIND_OF_PHASE.get(v, 0) for v in ph.dictionary.to_pylist()], pa.int8()
+        ).take(ph.indices)
+        kinds = np.asarray(codes.to_numpy(zero_copy_only=False))
+        present = np.unique(kinds)
+        if len(present) == 1:
+            self.batches[KINDS[int(present[0])]].append(batch)
+            return
+        for k in present.tolist():
+            self.batches[KINDS[k]].append(batch.filter(pa.array(kinds == k)))
 
     # -- the file --------------------------------------------------------------------------------
 
@@ -673,16 +706,25 @@ class _Reader:
         eof = False
         consumed = 0  # absolute offset of buf[0] in the decompressed text
 
-        def more() -> bool:
-            nonlocal buf, eof
-            try:
-                block = next(blocks)
-            except StopIteration:
-                eof = True
-                return False
-            buf += block
-            return True
+        def fill(target: int) -> None:
+            """Make ``buf[base:]`` at least ``target`` bytes long (or hold the rest of the
+            file), copying the kept part once rather than once per block."""
+            nonlocal buf, base, eof
+            parts: list[Any] = [memoryview(buf)[base:]]
+            have = len(buf) - base
+            while have < target and not eof:
+                try:
+                    block = next(blocks)
+                except StopIteration:
+                    eof = True
+                    break
+                parts.append(block)
+                have += len(block)
+            if len(parts) > 1:
+                buf = b"".join(parts)
+                base = 0
 
+        base = 0
         top: dict[str, Any] = {}
         # 1. the top level, up to the event list
         while True:
@@ -690,7 +732,9 @@ class _Reader:
                 layout, prefix_end, body_start = _find_events_array(buf)
                 break
             except _NeedMore:
-                if not more():
+                before = len(buf)
+                fill(before + 1)
+                if len(buf) == before:  # the file ended before the answer
                     if not buf.strip():
                         self.fail("empty file: no JSON value")
                     self.fail(
@@ -704,32 +748,36 @@ class _Reader:
             except msgspec.DecodeError as e:
                 off = _err_offset(e)
                 self.fail(f"malformed JSON before traceEvents ({e})", offset=off)
-        buf = buf[body_start:]
-        consumed = body_start
+        base = body_start
+        consumed = body_start  # absolute offset of buf[base] in the decompressed text
         # 2. the event list, chunk by chunk
         while True:
-            while len(buf) < 2 * CHUNK_BYTES and not eof:
-                more()
+            fill(2 * CHUNK_BYTES)
             if eof:
                 break
-            pos = CHUNK_BYTES
+            pos = base + CHUNK_BYTES
             while True:
                 m = _SEP.search(buf, pos)
                 if m is None:
-                    if not more():
+                    before = len(buf) - base
+                    fill(before + BLOCK_BYTES)
+                    if len(buf) - base == before:
                         break
+                    pos = base + before - 8
                     continue
                 end = m.start() + 1
-                if self.decode_run(b"[" + buf[:end] + b"]", consumed, final=False):
+                text = b"".join((b"[", memoryview(buf)[base:end], b"]"))
+                if self.decode_run(text, consumed, final=False):
                     nxt = m.end() - 1
-                    buf = buf[nxt:]
-                    consumed += nxt
+                    consumed += nxt - base
+                    base = nxt
                     if self.progress:
                         self.progress(consumed)
                     break
                 pos = m.end()
             if eof:
                 break
+        buf = buf[base:]
         # 3. the tail: the last events and whatever closes the file
         self.read_tail(buf, consumed, layout, top)
         if self.progress:
@@ -739,14 +787,16 @@ class _Reader:
             if k == "traceEvents":
                 continue
             decoded_top[k] = _ANY_DEC.decode(v)
-        columns = (
-            pa.Table.from_batches(self.batches, schema=RAW_SCHEMA)
-            if self.batches
-            else RAW_SCHEMA.empty_table()
-        )
+        tables = {
+            k: pa.Table.from_batches(b, schema=RAW_SCHEMA) if b else RAW_SCHEMA.empty_table()
+            for k, b in self.batches.items()
+        }
+        self.batches = {}
         return RawTrace(
             path=str(self.path),
-            columns=columns,
+            tables=tables,
+            read_phase=self.read_phase,
+            read_category=self.read_category,
             top=decoded_top,
             string_ids={
                 k: {str(code): key for key, code in v.items()}

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xpuprof.schema import COUNTERS, EVENTS, FLOWS, ID_SHIFT, LINKS, METADATA
+from xpuprof.schema import COUNTERS, EVENTS, FLOWS, ID_SHIFT, LEVELS, LINKS, METADATA
 
 _CATEGORY_LEVEL = {
     # current Kineto vocabulary
@@ -128,11 +128,27 @@ def nest(
     q = s + dur[order]  # where each event ends, as a query
     sl = slice_mask[order]
     e = np.where(sl, q, s - 1)  # how far each event reaches, as a candidate parent
+    del s
     p = np.arange(-1, n - 1, dtype=np.int64)
-    if n:
-        first = np.ones(n, dtype=bool)
-        first[1:] = (pid[order][1:] != pid[order][:-1]) | (tid[order][1:] != tid[order][:-1])
-        p[first] = -1
+    if not n:
+        return order, p, e, sl
+    op, ot = pid[order], tid[order]
+    first = np.ones(n, dtype=bool)
+    first[1:] = (op[1:] != op[:-1]) | (ot[1:] != ot[:-1])
+    del op, ot
+    p[first] = -1
+    # Shortcut: an event that ends after everything before it on its track has no parent;
+    # most device events are such, and settling them now spares them the jumping.
+    track = np.cumsum(first) - 1
+    lo, span = int(e.min()), int(max(e.max(), q.max())) - int(e.min()) + 1
+    if span < (1 << 62) // max(int(track[-1]) + 1, 1):
+        reach = np.maximum.accumulate(track * span + (e - lo))
+        before = np.empty(n, dtype=np.int64)
+        before[0] = -1
+        before[1:] = reach[:-1]
+        p[~first & (before < track * span + (q - lo))] = -1
+        del reach, before
+    del track, first
     active = np.flatnonzero(p >= 0)
     while active.size:
         cand = p[active]
@@ -196,16 +212,17 @@ def bind_flows(
     nxt = np.where(is_slice, np.arange(len(order)), len(order))
     nxt = np.minimum.accumulate(nxt[::-1])[::-1]
     pos = np.full(len(fl_ts), -1, dtype=np.int64)
-    keys = list(zip(fl_pid.tolist(), fl_tid.tolist(), strict=True))
-    track_rows: dict[tuple[int, int], list[int]] = {}
-    for i, k in enumerate(keys):
-        track_rows.setdefault(k, []).append(i)
-    for k, rows_l in track_rows.items():
-        lo = starts.get(k)
+    # group the flow entries by track without a Python loop over entries
+    f_order = np.lexsort((fl_tid, fl_pid))
+    fp, ft = fl_pid[f_order], fl_tid[f_order]
+    f_bounds = np.flatnonzero(np.r_[True, (fp[1:] != fp[:-1]) | (ft[1:] != ft[:-1])])
+    f_ends = np.r_[f_bounds[1:], len(f_order)]
+    for g0, g1 in zip(f_bounds.tolist(), f_ends.tolist(), strict=True):
+        lo = starts.get((int(fp[g0]), int(ft[g0])))
         if lo is None:
             continue
         hi = end_of[lo]
-        rows = np.asarray(rows_l)
+        rows = f_order[g0:g1]
         t = fl_ts[rows]
         is_next = fl_next[rows]
         last_le = lo + np.searchsorted(s_ts[lo:hi], t, side="right") - 1
@@ -251,20 +268,6 @@ def _const_dict(value: str | None, n: int) -> pa.Array:
     if value is None:
         return pa.nulls(n, t)
     return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))
-
-
-def _dict_map(col: pa.ChunkedArray, fn: Any, out_type: pa.DataType) -> pa.Array:
-    """Apply ``fn`` once per distinct value of a string column (null read as ""), then spread
-    the results."""
-    enc = pc.dictionary_encode(pc.fill_null(col, "")).combine_chunks()
-    values = [fn(v) for v in enc.dictionary.to_pylist()]
-    mapped = pa.array(values, out_type)
-    idx = enc.indices
-    return mapped.take(idx)
-
-
-def _parse_json_list(texts: list[str | None]) -> list[Any]:
-    return [None if t is None else msgspec.json.decode(t) for t in texts]
 
 
 def _as_dict(col: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -323,25 +326,37 @@ def _match_begin_end(ev: pa.Table) -> pa.Table:
     return ev.filter(keep)
 
 
-def _levels(cat: pa.ChunkedArray, name: pa.ChunkedArray, device: np.ndarray) -> pa.Array:
-    base = _dict_map(
-        cat, lambda c: _CATEGORY_LEVEL.get(c.lower(), "other") if c else "other", pa.string()
+_LEVEL_CODE = {lv: i for i, lv in enumerate(LEVELS)}
+_LEVEL_DICT = pa.array(list(LEVELS), pa.string())
+
+
+def _codes(col: pa.ChunkedArray | pa.Array, fn: Any, dtype: Any = np.int8) -> np.ndarray:
+    """``fn`` of each value of a dictionary/string column as a numpy array, computing ``fn``
+    once per distinct value (null is read as "")."""
+    enc = _as_dict(col)
+    lut = np.array([fn(v) for v in enc.dictionary.to_pylist()] + [fn("")], dtype=dtype)
+    idx = enc.indices.to_numpy(zero_copy_only=False)
+    if enc.indices.null_count:
+        idx = np.where(np.asarray(enc.indices.is_valid()), idx, len(lut) - 1)
+    return lut[idx.astype(np.int64, copy=False)]
+
+
+def _levels(cat: pa.ChunkedArray, name: pa.ChunkedArray, host: np.ndarray) -> np.ndarray:
+    """Level code (index into ``LEVELS``) of each event: from its category, then a few names."""
+    level = _codes(
+        cat, lambda c: _LEVEL_CODE[_CATEGORY_LEVEL.get(c.lower(), "other") if c else "other"]
     )
-    level = np.asarray(base.to_numpy(zero_copy_only=False), dtype=object)
-    is_step = np.asarray(
-        _dict_map(name, lambda v: bool(v and _STEP_NAME.match(v)), pa.bool_()), dtype=bool
-    )
-    is_coll = np.asarray(
-        _dict_map(name, lambda v: bool(v and _COLLECTIVE_NAME.match(v)), pa.bool_()), dtype=bool
-    )
-    is_layer = np.asarray(
-        _dict_map(name, lambda v: bool(v and _LAYER_NAME.match(v)), pa.bool_()), dtype=bool
-    )
-    host = device < 0
-    level[is_step & host & np.isin(level, ["op", "annotation", "other"])] = "step"
-    level[is_coll & ~host & (level == "kernel")] = "collective"
-    level[is_layer & (level == "python")] = "layer"
-    return pa.array(level, pa.string())
+    kind = _codes(
+        name,
+        lambda v: 1 if _STEP_NAME.match(v) else 2 if _COLLECTIVE_NAME.match(v)
+        else 3 if _LAYER_NAME.match(v) else 0,
+    )  # fmt: skip
+    L = _LEVEL_CODE
+    steppable = (level == L["op"]) | (level == L["annotation"]) | (level == L["other"])
+    level[(kind == 1) & host & steppable] = L["step"]
+    level[(kind == 2) & ~host & (level == L["kernel"])] = L["collective"]
+    level[(kind == 3) & (level == L["python"])] = L["layer"]
+    return level
 
 
 def _gpu_pids(meta_rows: pa.Table) -> dict[int, int]:
@@ -381,28 +396,23 @@ def _collective_bytes(args: list[str | None]) -> list[float | None]:
 
 
 def build_tables(
-    raw: pa.Table,
+    raw: dict[str, pa.Table],
     *,
     part: int,
     rank: int | None,
     host: str | None,
     string_ids: dict[str, dict[str, str]],
 ) -> Tables:
-    """Normalize one source file's raw columns (see ``formats.kineto.RAW_SCHEMA``)."""
-    ph = raw.column("ph")
-    is_flow = pc.is_in(ph, pa.array(FLOW_PHASES))
-    is_counter = pc.equal(ph, "C")
-    is_meta = pc.equal(ph, "M")
-    is_event = pc.invert(pc.or_(pc.or_(is_flow, is_counter), is_meta))
-
-    meta_raw = raw.filter(is_meta)
+    """Normalize one source file's raw columns, already split by kind of entry
+    (``formats.kineto.KINDS``; columns as in ``formats.kineto.RAW_SCHEMA``)."""
+    meta_raw = raw["metadata"]
     metadata = _metadata_table(meta_raw, part, rank)
     events, order, parent_pos, end, is_slice = _events_table(
-        _match_begin_end(raw.filter(is_event)), part, rank, host, string_ids, meta_raw
+        _match_begin_end(raw["events"]), part, rank, host, string_ids, meta_raw
     )
-    flows, links = _flow_tables(raw.filter(is_flow), events, order, parent_pos, end, is_slice,
+    flows, links = _flow_tables(raw["flows"], events, order, parent_pos, end, is_slice,
                                 part, rank)  # fmt: skip
-    counters = _counters_table(raw.filter(is_counter), part, rank)
+    counters = _counters_table(raw["counters"], part, rank)
     return Tables(events, flows, links, counters, metadata)
 
 
@@ -419,96 +429,72 @@ def _events_table(
     meta_raw: pa.Table,
 ) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     n = ev.num_rows
-    index = _np(ev["index"])
     pid = _np(ev["pid"], -1)
     tid = _np(ev["tid"], -1)
     ts = _np(ev["ts"])
     dur_null = _isnull(ev["dur"])
-    dur = _np(ev["dur"])
-    phase = ev["ph"]
-    cat = ev["cat"]
-    name = ev["name"]
 
-    # device and stream
-    is_dev_cat = np.asarray(
-        _dict_map(cat, lambda c: bool(c) and c.lower() in DEVICE_CATEGORIES, pa.bool_()),
-        dtype=bool,
-    )
-    dev_arg = ev["device_arg"]
+    # device: args.device, else the pid, for device categories; the "GPU N" label of the
+    # process for anything else recorded on a device's pid
+    is_dev_cat = _codes(ev["cat"], lambda c: c.lower() in DEVICE_CATEGORIES, bool)
+    device = np.full(n, -1, dtype=np.int32)
+    dev_arg = _np(ev["device_arg"], -1)
+    device[is_dev_cat] = np.where(dev_arg[is_dev_cat] >= 0, dev_arg[is_dev_cat], pid[is_dev_cat])
+    del dev_arg
     gpu_pids = _gpu_pids(meta_raw)
-    device = np.full(n, -1, dtype=np.int64)
-    dev_from_arg = _np(dev_arg, -1)
-    has_arg = np.asarray(pc.is_valid(dev_arg).to_numpy(zero_copy_only=False), dtype=bool)
-    device[is_dev_cat] = np.where(has_arg[is_dev_cat], dev_from_arg[is_dev_cat], pid[is_dev_cat])
     if gpu_pids:
-        keys = np.fromiter(gpu_pids.keys(), dtype=np.int64)
-        vals = np.fromiter(gpu_pids.values(), dtype=np.int64)
-        on_gpu = np.isin(pid, keys) & ~is_dev_cat
-        if on_gpu.any():
-            lookup = dict(zip(keys.tolist(), vals.tolist(), strict=True))
-            device[on_gpu] = [lookup[p] for p in pid[on_gpu].tolist()]
+        for p, d in gpu_pids.items():
+            device[(pid == p) & ~is_dev_cat] = d
     is_dev = device >= 0
-    stream = np.full(n, -1, dtype=np.int64)
-    s_arg = ev["stream_arg"]
-    has_s = np.asarray(pc.is_valid(s_arg).to_numpy(zero_copy_only=False), dtype=bool)
-    s_val = _np(s_arg, -1)
-    tid_stream = tid.copy()
-    named = {int(k): v for k, v in string_ids.get("tid", {}).items()}
-    if named:
-        neg = tid < 0
-        if neg.any():
-            parsed = {}
-            for k, v in named.items():
-                m = _STREAM_NAME.search(v)
-                parsed[k] = int(m.group(1)) if m else -1
-            tid_stream[neg] = [parsed.get(t, -1) for t in tid[neg].tolist()]
-    stream[is_dev] = np.where(has_s[is_dev], s_val[is_dev], tid_stream[is_dev])
-    stream_arr = pa.array(stream, pa.int64(), mask=stream < 0)
+    del is_dev_cat
 
-    # level
-    level = _levels(cat, name, device)
+    # stream: args.stream, else the tid (or the N of a "stream N" tid name), on devices
+    stream = _np(ev["stream_arg"], -1).copy()
+    no_arg = is_dev & (stream < 0)
+    stream[no_arg] = tid[no_arg]
+    named = string_ids.get("tid", {})
+    neg = no_arg & (tid < 0) if named else None
+    if neg is not None and neg.any():
+        for code, text in named.items():
+            m = _STREAM_NAME.search(text)
+            stream[neg & (tid == int(code))] = int(m.group(1)) if m else -1
+    stream[~is_dev] = -1
+    del no_arg
 
-    # nesting on each track
-    scope = ev["scope"]
-    instant = (
-        np.asarray(
-            pc.is_in(phase, pa.array(["i", "I", "n", "b", "e", "E"])).to_numpy(
-                zero_copy_only=False
-            ),
-            dtype=bool,
-        )
-        | dur_null
-    )
-    global_inst = instant & np.asarray(
-        pc.fill_null(pc.is_in(scope, pa.array(["g", "p"])), False).to_numpy(zero_copy_only=False),
-        dtype=bool,
-    )
+    level = _levels(ev["cat"], ev["name"], ~is_dev)
+
+    # nesting on each track (pid, tid); global and process-scoped instants get tracks of
+    # their own, since they belong to no thread
+    phase = ev["ph"]
+    instant = _codes(phase, lambda v: v in ("i", "I", "n", "b", "e", "E"), bool) | dur_null
+    global_inst = instant & _codes(ev["scope"], lambda v: v in ("g", "p"), bool)
+    dur = _np(ev["dur"])
     span_dur = np.where(instant, 0, dur)
-    # Global and process-scoped instants belong to no thread: give them a track of their own.
-    nest_tid = np.where(global_inst, np.iinfo(np.int64).min, tid)
+    nest_tid = np.where(global_inst, np.iinfo(np.int64).min, tid) if global_inst.any() else tid
     order, parent_pos, end, is_slice = nest(pid, nest_tid, ts, span_dur, ~instant)
-    parent_row = np.full(n, -1, dtype=np.int64)
-    has_parent = parent_pos >= 0
-    parent_row[order[has_parent]] = order[parent_pos[has_parent]]
-    depth = np.zeros(n, dtype=np.int16)
-    depth[order] = depths(parent_pos)
+    del nest_tid, global_inst, instant
+    index = _np(ev["index"])
     ids = (np.int64(part) << ID_SHIFT) | index
-    parent_id = np.where(parent_row >= 0, ids[np.maximum(parent_row, 0)], -1)
+    parent_id = np.full(n, -1, dtype=np.int64)
+    has_parent = parent_pos >= 0
+    parent_id[order[has_parent]] = ids[order[parent_pos[has_parent]]]
+    del has_parent
+    depth = np.empty(n, dtype=np.int16)
+    depth[order] = depths(parent_pos)
 
-    # steps
-    step = _steps(ev, name, level, pid, ts, span_dur, is_dev)
+    step = _steps(ev, level, pid, ts, span_dur, is_dev)
+    del span_dur
 
-    # bytes moved
-    bytes_arg = ev["bytes_arg"]
-    lvl_np = np.asarray(level.to_numpy(zero_copy_only=False), dtype=object)
-    mem = np.isin(lvl_np, ["memcpy", "memset"])
+    # bytes moved: memcpy/memset args.bytes; collectives: elements x dtype size
+    L = _LEVEL_CODE
     bytes_col = np.full(n, np.nan)
-    b_np = np.asarray(pc.fill_null(bytes_arg, np.nan).to_numpy(zero_copy_only=False), dtype=float)
-    bytes_col[mem] = b_np[mem]
-    coll = np.flatnonzero(lvl_np == "collective")
+    mem = (level == L["memcpy"]) | (level == L["memset"])
+    if mem.any():
+        b_np = ev["bytes_arg"].to_numpy()
+        bytes_col[mem] = b_np[mem]
+    coll = np.flatnonzero(level == L["collective"])
     if coll.size:
-        sub_args = ev["args"].take(pa.array(coll)).to_pylist()
-        vals = _collective_bytes(sub_args)
+        vals = _collective_bytes(ev["args"].take(pa.array(coll)).to_pylist())
         bytes_col[coll] = [np.nan if v is None else v for v in vals]
 
     table = pa.Table.from_arrays(
@@ -519,25 +505,25 @@ def _events_table(
             _rank_col(n, rank),
             _const_dict(host, n),
             _as_dict(phase),
-            _as_dict(scope),
+            _as_dict(ev["scope"]),
             pa.array(pid, pa.int64(), mask=_isnull(ev["pid"])),
             pa.array(tid, pa.int64(), mask=_isnull(ev["tid"])),
-            pa.array(device.astype(np.int32)),
-            stream_arr,
-            _as_dict(level),
-            _as_dict(cat),
-            _as_dict(name),
+            pa.array(device),
+            pa.array(stream, pa.int64(), mask=stream < 0),
+            pa.DictionaryArray.from_arrays(pa.array(level.astype(np.int32)), _LEVEL_DICT),
+            _as_dict(ev["cat"]),
+            _as_dict(ev["name"]),
             pa.array(ts, pa.int64()),
             pa.array(dur, pa.int64(), mask=dur_null),
             pa.array(parent_id, pa.int64(), mask=parent_id < 0),
             pa.array(depth, pa.int16()),
-            ev["correlation"].combine_chunks(),
-            ev["external_id"].combine_chunks(),
+            ev["correlation"],
+            ev["external_id"],
             step,
             pa.nulls(n, pa.float64()),
             pa.array(bytes_col, pa.float64(), mask=np.isnan(bytes_col)),
-            ev["args"].combine_chunks(),
-            ev["extra"].combine_chunks(),
+            ev["args"],  # chunked as read: no copy of the largest column
+            ev["extra"],
         ],
         schema=EVENTS,
     )
@@ -546,23 +532,21 @@ def _events_table(
 
 def _steps(
     ev: pa.Table,
-    name: pa.ChunkedArray,
-    level: pa.Array,
+    level: np.ndarray,
     pid: np.ndarray,
     ts: np.ndarray,
     dur: np.ndarray,
     is_dev: np.ndarray,
 ) -> pa.Array:
     n = len(ts)
-    step_no = np.asarray(
-        _dict_map(
-            name,
-            lambda v: int(m.group(1)) if v and (m := _STEP_NAME.match(v)) else -1,
-            pa.int64(),
-        ),
-        dtype=np.int64,
+    is_step = level == _LEVEL_CODE["step"]
+    if not is_step.any():
+        return pa.nulls(n, pa.int64())
+    step_no = _codes(
+        ev["name"],
+        lambda v: int(m.group(1)) if (m := _STEP_NAME.match(v)) else -1,
+        np.int64,
     )
-    is_step = np.asarray(pc.equal(level, "step").to_numpy(zero_copy_only=False), dtype=bool)
     step = np.full(n, -1, dtype=np.int64)
     rows = np.flatnonzero(is_step)
     if not rows.size:
@@ -617,9 +601,8 @@ def _flow_tables(
     ev_pid = _np(events["pid"], -1)
     ev_tid = _np(events["tid"], -1)
     ev_ts = _np(events["ts"])
-    f_ph = np.asarray(fl["ph"].to_numpy(zero_copy_only=False), dtype=object)
-    bp = np.asarray(pc.fill_null(fl["bp"], "").to_numpy(zero_copy_only=False), dtype=object)
-    fl_next = (f_ph == "f") & (bp != "e")
+    rank_ph = _codes(fl["ph"], lambda v: {"s": 0, "t": 1}.get(v, 2))
+    fl_next = (rank_ph == 2) & _codes(fl["bp"], lambda v: v != "e", bool)
     f_ts = _np(fl["ts"])
     row = bind_flows(order, parent_pos, end, is_slice, ev_pid, ev_tid, ev_ts,
                      _np(fl["pid"], -1), _np(fl["tid"], -1), f_ts, fl_next)  # fmt: skip
@@ -628,19 +611,19 @@ def _flow_tables(
     flows = pa.Table.from_arrays(
         [
             pa.array(np.full(n, part, np.int32)),
-            fl["index"].combine_chunks(),
+            fl["index"],
             _rank_col(n, rank),
             _as_dict(fl["ph"]),
             _as_dict(fl["cat"]),
             _as_dict(fl["name"]),
-            fl["flow_id"].combine_chunks(),
-            fl["pid"].combine_chunks(),
-            fl["tid"].combine_chunks(),
-            fl["ts"].combine_chunks(),
-            fl["bp"].combine_chunks(),
+            fl["flow_id"],
+            fl["pid"],
+            fl["tid"],
+            fl["ts"],
+            fl["bp"].cast(pa.dictionary(pa.int32(), pa.string())).cast(pa.string()),
             pa.array(bound, pa.int64(), mask=bound < 0),
-            fl["args"].combine_chunks(),
-            fl["extra"].combine_chunks(),
+            fl["args"],
+            fl["extra"],
         ],
         schema=FLOWS,
     )
@@ -649,7 +632,6 @@ def _flow_tables(
         return flows, LINKS.empty_table()
     cat_codes = _np(pc.dictionary_encode(pc.fill_null(fl["cat"], "")).combine_chunks().indices)
     id_codes = _np(pc.dictionary_encode(pc.fill_null(fl["flow_id"], "")).combine_chunks().indices)
-    rank_ph = np.select([f_ph == "s", f_ph == "t"], [0, 1], 2)
     idx = _np(fl["index"])
     o = np.lexsort((idx, f_ts, rank_ph, id_codes, cat_codes))
     same_prev = np.r_[
@@ -718,15 +700,15 @@ def _metadata_table(m: pa.Table, part: int, rank: int | None) -> pa.Table:
     return pa.Table.from_arrays(
         [
             pa.array(np.full(n, part, np.int32)),
-            m["index"].combine_chunks(),
+            m["index"],
             _rank_col(n, rank),
             _as_dict(m["cat"]),
             _as_dict(m["name"]),
-            m["pid"].combine_chunks(),
-            m["tid"].combine_chunks(),
-            m["ts"].combine_chunks(),
-            m["args"].combine_chunks(),
-            m["extra"].combine_chunks(),
+            m["pid"],
+            m["tid"],
+            m["ts"],
+            m["args"],
+            m["extra"],
         ],
         schema=METADATA,
     )

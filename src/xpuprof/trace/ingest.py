@@ -140,14 +140,9 @@ def import_file(
     host = raw.top.get("host_name") or raw.top.get("hostname")
     host = host if isinstance(host, str) else None
 
-    cols = raw.columns
-    read_phase = {k["values"]: k["counts"] for k in pc.value_counts(cols["ph"]).to_pylist()}
-    read_cat = {
-        ("" if k["values"] is None else k["values"]): k["counts"]
-        for k in pc.value_counts(cols["cat"]).to_pylist()
-    }
-    tables = build_tables(cols, part=part, rank=rank, host=host, string_ids=raw.string_ids)
-    del raw.columns, cols
+    read_phase, read_cat = raw.read_phase, raw.read_category
+    tables = build_tables(raw.tables, part=part, rank=rank, host=host, string_ids=raw.string_ids)
+    raw.tables = {}
     root = Path(out_dir)
     files = {}
     rows = {}

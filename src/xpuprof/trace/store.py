@@ -41,17 +41,22 @@ def part_file(table: str, part: int, tag: str = "") -> str:
 
 def write_table(table: pa.Table, path: Path) -> None:
     """Write one Parquet file atomically (temporary name, then rename)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # Dictionary pages only where values repeat (names, levels, …): trying them on the args
+    # text costs a third of the write and then falls back anyway. zstd level 1 is as fast as
+    # lz4 here and files are 2.4x smaller.
+    dict_cols = [f.name for f in table.schema if pa.types.is_dictionary(f.type)]
     pq.write_table(
         table,
         tmp,
         compression="zstd",
         compression_level=1,
+        use_dictionary=dict_cols,
         row_group_size=1 << 20,
-        write_statistics=["ts", "id", "index", "level", "rank", "part", "step"],
     )
     os.replace(tmp, path)
 
