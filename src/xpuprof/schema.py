@@ -104,6 +104,7 @@ COUNTERS = pa.schema(
         pa.field("ts", pa.int64(), nullable=False),
         pa.field("value", pa.float64()),
         pa.field("args", pa.large_string()),
+        pa.field("extra", pa.large_string()),
     ]
 )
 

@@ -285,45 +285,100 @@ def _as_dict(col: pa.Array | pa.ChunkedArray) -> pa.Array:
 def _match_begin_end(ev: pa.Table) -> pa.Table:
     """Pair ``B``/``E`` entries per thread into one row with phase ``B`` and a duration.
 
-    The ``E`` entry's own index (and args, if any) move into ``extra`` so nothing is lost;
+    The ``E`` entry's own index, category, name, args and extra keys move into the row's
+    ``extra`` under ``"end"`` (args and extra as their original text), so nothing is lost;
     unmatched ``B`` keep a null ``dur``, unmatched ``E`` stay rows of their own.
     """
-    ph = ev.column("ph")
-    be = pc.is_in(ph, pa.array(["B", "E"]))
+    be = pc.is_in(ev.column("ph"), pa.array(["B", "E"]))
     if not pc.any(be).as_py():
         return ev
-    sub = ev.filter(be)
-    d = sub.select(["index", "ph", "pid", "tid", "ts", "args", "extra"]).to_pydict()
+    cols = ["index", "ph", "cat", "name", "pid", "tid", "ts", "args", "extra"]
+    d = ev.filter(be).select(cols).to_pydict()
     order = sorted(range(len(d["index"])), key=lambda i: (d["ts"][i], d["index"][i]))
     stacks: dict[tuple[Any, Any], list[int]] = {}
-    dur: dict[int, int] = {}
-    extra: dict[int, str] = {}
-    drop: set[int] = set()
+    b_index, b_dur, b_extra, e_index = [], [], [], []
     for i in order:
         key = (d["pid"][i], d["tid"][i])
         if d["ph"][i] == "B":
             stacks.setdefault(key, []).append(i)
         elif stacks.get(key):
             b = stacks[key].pop()
-            dur[d["index"][b]] = d["ts"][i] - d["ts"][b]
             end: dict[str, Any] = {"index": d["index"][i]}
-            if d["args"][i] is not None:
-                end["args"] = msgspec.json.decode(d["args"][i])
-            if d["extra"][i] is not None:
-                end["extra"] = msgspec.json.decode(d["extra"][i])
-            merged = msgspec.json.decode(d["extra"][b]) if d["extra"][b] else {}
+            for k in ("cat", "name"):
+                if d[k][i] is not None:
+                    end[k] = d[k][i]
+            for k in ("args", "extra"):
+                if d[k][i] is not None:
+                    end[k] = msgspec.Raw(d[k][i].encode())
+            merged = (
+                msgspec.json.decode(d["extra"][b], type=dict[str, msgspec.Raw])
+                if d["extra"][b]
+                else {}
+            )
             merged["end"] = end
-            extra[d["index"][b]] = msgspec.json.encode(merged).decode()
-            drop.add(d["index"][i])
-    idx = ev.column("index").to_pylist()
-    keep = pa.array([i not in drop for i in idx])
-    new_dur = pa.array([dur.get(i) for i in idx], pa.int64())
-    new_extra = pa.array([extra.get(i) for i in idx], pa.large_string())
-    ev = ev.set_column(ev.schema.get_field_index("dur"), "dur", pc.coalesce(ev["dur"], new_dur))
+            b_index.append(d["index"][b])
+            b_dur.append(d["ts"][i] - d["ts"][b])
+            b_extra.append(msgspec.json.encode(merged).decode())
+            e_index.append(d["index"][i])
+    if not b_index:
+        return ev
+    index = _np(ev["index"])  # rows are in source order, so index is sorted
+    pos = np.searchsorted(index, np.array(b_index))
+    dur = _np(ev["dur"]).copy()
+    has_dur = ~_isnull(ev["dur"])
+    dur[pos] = b_dur
+    has_dur[pos] = True
+    extra = ev["extra"].to_pylist() if ev["extra"].null_count < len(ev) else [None] * len(ev)
+    for p_, x in zip(pos.tolist(), b_extra, strict=True):
+        extra[p_] = x
+    ev = ev.set_column(ev.schema.get_field_index("dur"), "dur", pa.array(dur, mask=~has_dur))
     ev = ev.set_column(
-        ev.schema.get_field_index("extra"), "extra", pc.coalesce(new_extra, ev["extra"])
+        ev.schema.get_field_index("extra"), "extra", pa.array(extra, pa.large_string())
     )
-    return ev.filter(keep)
+    keep = np.ones(len(index), dtype=bool)
+    keep[np.searchsorted(index, np.array(e_index))] = False
+    return ev.filter(pa.array(keep))
+
+
+def _fold_leftovers(t: pa.Table, columns: tuple[str, ...]) -> pa.Table:
+    """Keep fields a table has no column for (an async event's ``id``, a flow's ``dur``…) in
+    ``extra``, as the source spelled them, so that every key of every entry survives."""
+    present = [c for c in columns if t[c].null_count < len(t)]
+    if not present:
+        return t
+    mask = np.zeros(len(t), dtype=bool)
+    for c in present:
+        mask |= ~_isnull(t[c])
+    rows = np.flatnonzero(mask)
+    vals = {c: t[c].take(pa.array(rows)).to_pylist() for c in present}
+    extra = t["extra"].to_pylist()
+    for k, r in enumerate(rows.tolist()):
+        obj = msgspec.json.decode(extra[r], type=dict[str, msgspec.Raw]) if extra[r] else {}
+        for c in present:
+            v = vals[c][k]
+            if v is None:
+                continue
+            key = _RAW_KEY[c]
+            if c == "dur":
+                obj[key] = msgspec.Raw(_ns_to_us_text(v).encode())
+            elif c == "flow_id" and v.lstrip("-").isdigit():
+                obj[key] = msgspec.Raw(v.encode())
+            else:
+                obj[key] = v
+        extra[r] = msgspec.json.encode(obj).decode()
+    return t.set_column(
+        t.schema.get_field_index("extra"), "extra", pa.array(extra, pa.large_string())
+    )
+
+
+#: Raw column → the Chrome-trace key it came from.
+_RAW_KEY = {"flow_id": "id", "bp": "bp", "scope": "s", "dur": "dur"}
+
+
+def _ns_to_us_text(ns: int) -> str:
+    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
+    whole, frac = divmod(ns, 1000)
+    return f"{sign}{whole}" if not frac else f"{sign}{whole}.{frac:03d}"
 
 
 _LEVEL_CODE = {lv: i for i, lv in enumerate(LEVELS)}
@@ -405,14 +460,18 @@ def build_tables(
 ) -> Tables:
     """Normalize one source file's raw columns, already split by kind of entry
     (``formats.kineto.KINDS``; columns as in ``formats.kineto.RAW_SCHEMA``)."""
-    meta_raw = raw["metadata"]
+    meta_raw = _fold_leftovers(raw.pop("metadata"), ("flow_id", "bp", "scope", "dur"))
     metadata = _metadata_table(meta_raw, part, rank)
+    ev_raw = _fold_leftovers(_match_begin_end(raw.pop("events")), ("flow_id", "bp"))
     events, order, parent_pos, end, is_slice = _events_table(
-        _match_begin_end(raw["events"]), part, rank, host, string_ids, meta_raw
+        ev_raw, part, rank, host, string_ids, meta_raw
     )
-    flows, links = _flow_tables(raw["flows"], events, order, parent_pos, end, is_slice,
-                                part, rank)  # fmt: skip
-    counters = _counters_table(raw["counters"], part, rank)
+    del ev_raw
+    fl_raw = _fold_leftovers(raw.pop("flows"), ("scope", "dur"))
+    flows, links = _flow_tables(fl_raw, events, order, parent_pos, end, is_slice, part, rank)
+    counters = _counters_table(
+        _fold_leftovers(raw.pop("counters"), ("flow_id", "bp", "scope", "dur")), part, rank
+    )
     return Tables(events, flows, links, counters, metadata)
 
 
@@ -670,7 +729,7 @@ def _counters_table(c: pa.Table, part: int, rank: int | None) -> pa.Table:
     """One row per (counter entry, series): a ``C`` entry's args hold one value per series."""
     if c.num_rows == 0:
         return COUNTERS.empty_table()
-    d = c.select(["index", "pid", "tid", "cat", "name", "ts", "args"]).to_pydict()
+    d = c.select(["index", "pid", "tid", "cat", "name", "ts", "args", "extra"]).to_pydict()
     rows: dict[str, list[Any]] = {k: [] for k in COUNTERS.names}
     for i in range(c.num_rows):
         args = msgspec.json.decode(d["args"][i]) if d["args"][i] else {}
@@ -688,6 +747,7 @@ def _counters_table(c: pa.Table, part: int, rank: int | None) -> pa.Table:
             is_num = isinstance(value, (int, float)) and not isinstance(value, bool)
             rows["value"].append(float(value) if is_num else None)
             rows["args"].append(d["args"][i])
+            rows["extra"].append(d["extra"][i])
     return pa.Table.from_pydict(
         {k: pa.array(v, COUNTERS.field(k).type.value_type
                      if pa.types.is_dictionary(COUNTERS.field(k).type) else COUNTERS.field(k).type)

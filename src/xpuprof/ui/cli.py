@@ -273,7 +273,13 @@ def sql(
 @app.command()
 def export(
     store: Path = typer.Argument(..., help="Store directory."),
-    output: Path = typer.Option(..., "-o", "--output", help="Output file (.json or .json.gz)."),
+    output: str = typer.Option(
+        ...,
+        "-o",
+        "--output",
+        help="Output file (.json or .json.gz), or a directory (existing, or ending in /) "
+        "for one file per rank.",
+    ),
     fmt: str = typer.Option("chrome", "--format", help="Output format: chrome."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
