@@ -151,8 +151,20 @@ RAW_SCHEMA = pa.schema(
 # ----------------------------------------------------------------------------------------------
 
 
-def _file_blocks(path: Path, hasher: Any) -> Iterator[bytes]:
-    """Yield the decompressed text of ``path`` block by block (gzip detected by magic bytes)."""
+def _file_blocks(
+    path: Path, hasher: Any, on_damage: Callable[[str, int], None] | None = None
+) -> Iterator[bytes]:
+    """Yield the decompressed text of ``path`` block by block (gzip detected by magic bytes).
+
+    Damaged gzip raises, or with ``on_damage`` (lenient imports) is reported there and ends
+    the text early, so what decompressed before the damage is still read.
+    """
+
+    def damaged(message: str, offset: int) -> None:
+        if on_damage is None:
+            raise TraceFormatError(path, message, offset=offset)
+        on_damage(message, offset)
+
     with open(path, "rb") as f:
         magic = f.read(2)
         f.seek(0)
@@ -172,7 +184,8 @@ def _file_blocks(path: Path, hasher: Any) -> Iterator[bytes]:
                 try:
                     out = dec.decompress(data)
                 except zlib.error as e:
-                    raise TraceFormatError(path, f"corrupt gzip data ({e})", offset=base) from None
+                    damaged(f"corrupt gzip data ({e})", base)
+                    return
                 fed = True
                 if out:
                     yield out
@@ -187,11 +200,7 @@ def _file_blocks(path: Path, hasher: Any) -> Iterator[bytes]:
         if fed and not dec.eof:
             if out := dec.flush():
                 yield out
-            raise TraceFormatError(
-                path,
-                "truncated gzip stream (the file ends inside compressed data)",
-                offset=pos,
-            )
+            damaged("truncated gzip stream (the file ends inside compressed data)", pos)
 
 
 def _threaded(gen: Iterator[bytes], depth: int = 4) -> Iterator[bytes]:
@@ -327,8 +336,12 @@ def _raw_strings(raws: list[Any]) -> pa.LargeStringArray:
     )
 
 
-def _us_text_to_ns(text: pa.Array) -> pa.Array:
-    """Convert microsecond decimal text to int64 nanoseconds exactly (no float round trip)."""
+def _us_text_to_ns(text: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
+    """Convert microsecond decimal text to int64 nanoseconds exactly (no float round trip).
+
+    Returns the values and, when some text is not a finite number in range, a mask of those
+    entries (their value is null).
+    """
     try:
         dec = text.cast(pa.decimal128(24, 3))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -338,34 +351,38 @@ def _us_text_to_ns(text: pa.Array) -> pa.Array:
             return _us_text_to_ns_slow(text)
     n = len(dec)
     if n == 0:
-        return pa.array([], pa.int64())
+        return pa.array([], pa.int64()), None
     words = np.frombuffer(dec.buffers()[1], dtype=np.int64, count=2 * (n + dec.offset))
     low = words[2 * dec.offset :: 2]
     high = words[2 * dec.offset + 1 :: 2]
     # The value fits in int64 when the high word is the sign extension of the low word.
     if not np.array_equal(high, np.where(low < 0, -1, 0)):
-        raise ValueError("timestamp out of the int64 nanosecond range")
-    return pa.array(low.copy(), pa.int64(), mask=np.asarray(dec.is_null()))
+        return _us_text_to_ns_slow(text)
+    return pa.array(low.copy(), pa.int64(), mask=np.asarray(dec.is_null())), None
 
 
-def _us_text_to_ns_slow(text: pa.Array) -> pa.Array:
-    """Per-value fallback for spellings Arrow's decimal cast rejects (quoted numbers, NaN)."""
+def _us_text_to_ns_slow(text: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
+    """Per-value fallback for spellings Arrow's decimal cast rejects (quoted numbers, NaN,
+    values beyond int64 nanoseconds): each bad one is flagged, not fatal, so the caller can
+    name the event or, when lenient, drop just that event."""
     from decimal import Decimal, InvalidOperation
 
     out: list[int | None] = []
-    for v in text.to_pylist():
+    bad = np.zeros(len(text), dtype=bool)
+    for i, v in enumerate(text.to_pylist()):
         if v is None:
             out.append(None)
             continue
-        s = v.strip().strip('"')
         try:
-            d = Decimal(s)
+            d = Decimal(v.strip().strip('"'))
         except InvalidOperation:
-            raise ValueError(f"timestamp {v!r} is not a number") from None
-        if not d.is_finite():
-            raise ValueError(f"timestamp {v!r} is not finite")
-        out.append(int((d * 1000).to_integral_value()))
-    return pa.array(out, pa.int64())
+            d = None
+        ns = int((d * 1000).to_integral_value()) if d is not None and d.is_finite() else None
+        if ns is None or not _INT64_MIN <= ns <= _INT64_MAX:
+            bad[i] = True
+            ns = None
+        out.append(ns)
+    return pa.array(out, pa.int64()), bad if bad.any() else None
 
 
 def _int64_column(values: list[Any]) -> pa.Array:
@@ -617,14 +634,35 @@ class _Reader:
         i = 0
         while i < len(starts):
             got = None
+            rest = None
             for j in range(i, min(i + 16, len(starts))):
                 piece = body[starts[i] : ends[j]]
                 if final and j == len(starts) - 1:
                     piece = _close_partial(piece)
                 try:
                     got = _OBJ_DEC.decode(piece)
-                except msgspec.DecodeError:
-                    continue
+                except msgspec.DecodeError as e:
+                    # a whole event followed by junk: keep the event, report only the junk,
+                    # and go on with whatever events follow the junk in the same piece
+                    cut = _err_offset(e) if j == i else None
+                    cut = piece.rfind(b"}", 0, cut + 1) + 1 if cut else 0
+                    if not cut:
+                        continue
+                    try:
+                        got = _OBJ_DEC.decode(piece[:cut])
+                    except msgspec.DecodeError:
+                        continue
+                    junk = cut + len(piece[cut:]) - len(piece[cut:].lstrip())
+                    self.dropped.append(
+                        Dropped(
+                            "unparseable text between events",
+                            0,
+                            offset=abs_offset + starts[i] + junk,
+                        )
+                    )
+                    m = re.compile(rb",\s*\{").search(body, starts[i] + cut, ends[j])
+                    if m:
+                        rest = (m.end() - 1, ends[j])
                 i_next = j + 1
                 break
             if got is None:
@@ -642,6 +680,14 @@ class _Reader:
             evs, ex = _events_from_dicts([got])
             run.extend(evs)
             extra.extend(ex)
+            if rest is not None:
+                self.add(run, extra)
+                run, extra = [], []
+                self.salvage(
+                    body[rest[0] : rest[1]],
+                    abs_offset + rest[0],
+                    final and i_next == len(starts),
+                )
             i = i_next
         self.add(run, extra)
 
@@ -650,28 +696,33 @@ class _Reader:
             return
         batch = _columns(evs, self.index, self.ctx, extra)
         n = len(evs)
-        try:
-            ts = _us_text_to_ns(batch.column("ts"))
-            dur = _us_text_to_ns(batch.column("dur"))
-        except ValueError as e:
-            self.fail(str(e))
+        ts_text, dur_text = batch.column("ts"), batch.column("dur")
+        ts, bad_ts = _us_text_to_ns(ts_text)
+        dur, bad_dur = _us_text_to_ns(dur_text)
         batch = batch.set_column(6, "ts", ts).set_column(7, "dur", dur)
         ph = batch.column("ph")
-        no_ph = pc.is_null(ph)
-        no_ts = pc.fill_null(pc.and_(pc.is_null(ts), pc.not_equal(ph, "M")), False)
-        for mask, what in ((no_ph, "event has no ph"), (no_ts, "event has no ts")):
-            if not pc.any(mask).as_py():
+        no_ts = np.asarray(pc.fill_null(pc.and_(pc.is_null(ts), pc.not_equal(ph, "M")), False))
+        if bad_ts is not None:
+            no_ts = no_ts & ~bad_ts
+        checks = [
+            (np.asarray(pc.is_null(ph)), "event has no ph", None),
+            (bad_ts, "ts is not a number in range", ts_text),
+            (bad_dur, "dur is not a number in range", dur_text),
+            (no_ts, "event has no ts", None),
+        ]
+        drop = np.zeros(n, dtype=bool)
+        for mask, what, text in checks:
+            if mask is None or not mask.any():
                 continue
-            first = int(np.flatnonzero(np.asarray(mask))[0])
+            first = int(np.flatnonzero(mask)[0])
+            if text is not None:
+                what = f"{what} ({text[first].as_py()!r})"
             if not self.lenient:
                 self.fail(what, index=self.index + first)
-            count = int(pc.sum(mask).as_py())
-            self.dropped.append(Dropped(what, count, event_index=self.index + first))
-            batch = batch.filter(pc.invert(mask))
-            ph = batch.column("ph")
-            no_ts = pc.fill_null(
-                pc.and_(pc.is_null(batch.column("ts")), pc.not_equal(ph, "M")), False
-            )
+            self.dropped.append(Dropped(what, int(mask.sum()), event_index=self.index + first))
+            drop |= mask
+        if drop.any():
+            batch = batch.filter(pa.array(~drop))
         self.split(batch)
         self.index += n
 
@@ -701,7 +752,14 @@ class _Reader:
         size = self.path.stat().st_size
         with open(self.path, "rb") as f:
             self.compressed = f.read(2) == b"\x1f\x8b"
-        blocks = _threaded(_file_blocks(self.path, hasher))
+
+        def gzip_damage(message: str, offset: int) -> None:
+            self.truncated = True
+            self.dropped.append(
+                Dropped(f"{message} at compressed byte {offset}: the rest is lost", 0)
+            )
+
+        blocks = _threaded(_file_blocks(self.path, hasher, gzip_damage if self.lenient else None))
         buf = b""
         eof = False
         consumed = 0  # absolute offset of buf[0] in the decompressed text

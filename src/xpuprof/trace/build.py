@@ -74,6 +74,9 @@ DEVICE_CATEGORIES = frozenset(
     }
 )
 
+#: Flow categories whose id is the correlation id of the runtime call and its device work.
+LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async", "async_gpu", "async_cpu_to_gpu"})
+
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 _COLLECTIVE_NAME = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 _LAYER_NAME = re.compile(r"^nn\.Module: ")
@@ -157,6 +160,44 @@ def nest(
         p[move] = p[cand[~ok]]
         active = move
     return order, p, e, sl
+
+
+def match_correlation(
+    ev_corr: np.ndarray,
+    ev_pid: np.ndarray,
+    ev_tid: np.ndarray,
+    ev_ts: np.ndarray,
+    corr: np.ndarray,
+    pid: np.ndarray,
+    tid: np.ndarray,
+    ts: np.ndarray,
+) -> np.ndarray:
+    """Row of the event with correlation ``corr`` on track (pid, tid) for each query, -1 when
+    none; when several share it (an MTIA launch runs several device events), the one starting
+    at ``ts``, else the first."""
+    out = np.full(len(corr), -1, dtype=np.int64)
+    have = np.flatnonzero(ev_corr >= 0)
+    if not have.size or not len(corr):
+        return out
+    o = have[np.lexsort((have, ev_tid[have], ev_pid[have], ev_corr[have]))]
+    c_sorted = ev_corr[o]
+    lo = np.searchsorted(c_sorted, corr, side="left")
+    hi = np.searchsorted(c_sorted, corr, side="right")
+    # the few events sharing a correlation id (launch, kernel, sync) are scanned in lockstep,
+    # first for one that also starts at ts, then for any
+    width = int((hi - lo).max(initial=0))
+    for exact in (True, False):
+        for k in range(width):
+            pos = lo + k
+            live = (pos < hi) & (out < 0)
+            if not live.any():
+                break
+            cand = o[np.minimum(pos, len(o) - 1)]
+            m = live & (ev_pid[cand] == pid) & (ev_tid[cand] == tid)
+            if exact:
+                m &= ev_ts[cand] == ts
+            out[m] = cand[m]
+    return out
 
 
 def depths(parent_pos: np.ndarray) -> np.ndarray:
@@ -663,8 +704,27 @@ def _flow_tables(
     rank_ph = _codes(fl["ph"], lambda v: {"s": 0, "t": 1}.get(v, 2))
     fl_next = (rank_ph == 2) & _codes(fl["bp"], lambda v: v != "e", bool)
     f_ts = _np(fl["ts"])
+    f_pid, f_tid = _np(fl["pid"], -1), _np(fl["tid"], -1)
     row = bind_flows(order, parent_pos, end, is_slice, ev_pid, ev_tid, ev_ts,
-                     _np(fl["pid"], -1), _np(fl["tid"], -1), f_ts, fl_next)  # fmt: skip
+                     f_pid, f_tid, f_ts, fl_next)  # fmt: skip
+    # Launch flows carry the correlation id as their id: where an event on the flow's own
+    # track has that correlation, it is the one meant, even when a zero-length call starts
+    # in the same microsecond and time alone cannot tell them apart.
+    launch = _codes(fl["cat"], lambda c: c.lower() in LAUNCH_FLOW_CATEGORIES, bool)
+    if launch.any():
+        rows = np.flatnonzero(launch)
+        fid = pc.cast(fl["flow_id"].take(pa.array(rows)), pa.int64(), safe=False)
+        ok = ~_isnull(fid)
+        rows, fid = rows[ok], _np(fid)[ok]
+        ev_corr = _np(events["correlation"], -1)
+        bound_corr = np.where(row[rows] >= 0, ev_corr[np.maximum(row[rows], 0)], -1)
+        wrong = bound_corr != fid
+        rows, fid = rows[wrong], fid[wrong]
+        hit = match_correlation(
+            ev_corr, ev_pid, ev_tid, ev_ts, fid, f_pid[rows], f_tid[rows], f_ts[rows]
+        )
+        found = hit >= 0
+        row[rows[found]] = hit[found]
     ev_ids = _np(events["id"])
     bound = np.where(row >= 0, ev_ids[np.maximum(row, 0)], -1)
     flows = pa.Table.from_arrays(

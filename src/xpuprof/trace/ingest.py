@@ -250,7 +250,7 @@ def _run(
             threads_per_worker=1,
             processes=True,
             dashboard_address=None,
-            silence_logs=logging.ERROR,
+            silence_logs=logging.CRITICAL,  # our own error line is the one to read
         )
         client = Client(cluster)
     try:
@@ -308,14 +308,21 @@ def import_traces(
     old = st.read_manifest(root) if st.is_store(root) else None
     old_by_path = {s["path"]: s for s in old["sources"]} if old else {}
     keep: list[dict[str, Any]] = []
+    old_mtimes: list[int] = []
     todo: list[Path] = []
     for src in sources:
         entry = old_by_path.get(str(src))
+        mtime = entry.get("mtime_ns") if entry is not None else None
         if entry is not None and not force and _unchanged(entry, src):
             keep.append(entry)
+            old_mtimes.append(mtime)
         else:
             todo.append(src)
     if old is not None and not todo and len(keep) == len(old["sources"]):
+        if any(e["mtime_ns"] != m for e, m in zip(keep, old_mtimes, strict=True)):
+            # touched but identical files: remember the new mtimes, so the next import does
+            # not hash them again
+            st.write_manifest(root, {**old, "sources": keep})
         return ImportReport(
             store=str(root),
             noop=True,
@@ -329,6 +336,7 @@ def import_traces(
         )
     next_part = 1 + max((s["part"] for s in old["sources"]), default=-1) if old else 0
     jobs = [(p, next_part + i) for i, p in enumerate(todo)]
+    made = [p for p in (root.parent, *root.parent.parents) if not p.exists()]
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = root.parent / f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging.mkdir()
@@ -350,6 +358,11 @@ def import_traces(
             st.discard(staging)
     except BaseException:
         st.discard(staging)
+        for d in made:  # folders this import created for the store, innermost first
+            try:
+                d.rmdir()
+            except OSError:
+                break
         raise
     return ImportReport(
         store=str(root),

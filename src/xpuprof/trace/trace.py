@@ -75,16 +75,23 @@ class Trace:
     @cached_property
     def meta(self) -> dict[str, Any]:
         """Facts about the capture: per source its rank, host, device properties, distributed
-        info and every other top-level key of the source file."""
+        info and every other top-level key of the source file.
+
+        ``device_properties`` and ``distributed_info`` are keyed by part (one per source file)
+        — two files of the same rank (a before/after pair, say) must not overwrite each
+        other; ``ranks`` maps part → rank.
+        """
         out: dict[str, Any] = {
             "store": str(self.path),
             "sources": [],
             "device_properties": {},
             "distributed_info": {},
+            "ranks": {},
         }
         for s in self.sources:
             meta = s.get("meta", {})
-            key = s["rank"] if s["rank"] is not None else f"part{s['part']}"
+            key = s["part"]
+            out["ranks"][key] = s["rank"]
             if "deviceProperties" in meta:
                 out["device_properties"][key] = meta["deviceProperties"]
             if "distributedInfo" in meta:

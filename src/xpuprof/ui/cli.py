@@ -17,6 +17,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from xpuprof.errors import XpuprofError
@@ -36,7 +37,8 @@ PROGRESS_MIN_BYTES = 16 << 20
 
 
 def _fail(e: Exception) -> None:
-    err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    # escape: a file named "trace[rank0].json" must not be read as Rich markup
+    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -328,7 +330,7 @@ def main() -> None:
     try:
         app()
     except XpuprofError as e:  # raised outside a command's own handler
-        err.print(f"error: {e}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 
