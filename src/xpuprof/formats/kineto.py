@@ -42,9 +42,9 @@ import pyarrow.compute as pc
 from xpuprof.errors import TraceFormatError
 
 #: JSON text decoded per chunk; large enough to amortise per-call costs, small enough to bound RSS.
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 4 << 20
 #: Bytes read from the file at a time.
-BLOCK_BYTES = 4 << 20
+BLOCK_BYTES = 1 << 20
 
 _MISSING = msgspec.Raw(b"")
 _SEP = re.compile(rb"\}\s*,\s*\{")

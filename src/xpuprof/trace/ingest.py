@@ -208,6 +208,12 @@ def _unchanged(entry: dict[str, Any], path: Path) -> bool:
     return False
 
 
+def _start_methods() -> list[str]:
+    import multiprocessing
+
+    return multiprocessing.get_all_start_methods()
+
+
 def _run(
     jobs: list[tuple[Path, int]],
     staging: Path,
@@ -239,19 +245,28 @@ def _run(
             if progress:
                 progress(done, total)
         return out, 1
+    import dask
     from dask.distributed import Client, LocalCluster, as_completed
 
     cluster = None
     if scheduler:
         client = Client(scheduler)
     else:
-        cluster = LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            silence_logs=logging.CRITICAL,  # our own error line is the one to read
-        )
+        # Fork the local workers from a parent that has already imported the importer: they
+        # start in 0.1 s with pyarrow, numpy and msgspec loaded, instead of spawning fresh
+        # interpreters that import everything again (about 0.8 s before the first file).
+        import xpuprof.formats.kineto  # noqa: F401
+        import xpuprof.trace.build  # noqa: F401
+
+        method = "fork" if "fork" in _start_methods() else "spawn"
+        with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+            cluster = LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=logging.CRITICAL,  # our own error line is the one to read
+            )
         client = Client(cluster)
     try:
         n_workers = len(client.scheduler_info().get("workers", {})) or workers
