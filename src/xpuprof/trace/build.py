@@ -96,6 +96,36 @@ FLOW_PHASES = ("s", "t", "f")
 
 
 @dataclass
+class _Timeline:
+    """What flow binding needs of the events, as numpy arrays (kept from the events build
+    rather than read back out of the Arrow table, which would copy each column again)."""
+
+    order: np.ndarray
+    parent_pos: np.ndarray
+    end: np.ndarray
+    is_slice: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    ts: np.ndarray
+    ids: np.ndarray
+    corr: np.ndarray
+
+
+def _int_or_null(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Flow ids as integers where they spell one (Kineto's do), null elsewhere."""
+    try:
+        return pc.cast(col, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        vals = []
+        for v in col.to_pylist():
+            try:
+                vals.append(int(v) if v is not None else None)
+            except ValueError:
+                vals.append(None)
+        return pa.array(vals, pa.int64())
+
+
+@dataclass
 class Tables:
     """The normalized tables of one source file, plus counts for the manifest."""
 
@@ -236,22 +266,33 @@ def bind_flows(
     out = np.full(len(fl_ts), -1, dtype=np.int64)
     if not len(fl_ts) or not len(order):
         return out
-    s_pid = ev_pid[order]
-    s_tid = ev_tid[order]
-    s_ts = ev_ts[order]
-    bounds = np.flatnonzero(np.r_[True, (s_pid[1:] != s_pid[:-1]) | (s_tid[1:] != s_tid[:-1])])
+    # track boundaries in sorted order, one sorted column at a time (a 2 GB trace has 5 M
+    # events: every full-length temporary here is 40 MB)
+    change = np.zeros(len(order), dtype=bool)
+    change[0] = True
+    for col in (ev_pid, ev_tid):
+        sorted_col = col[order]
+        change[1:] |= sorted_col[1:] != sorted_col[:-1]
+        del sorted_col
+    bounds = np.flatnonzero(change)
+    del change
+    first_rows = order[bounds]
     starts = dict(
         zip(
-            zip(s_pid[bounds].tolist(), s_tid[bounds].tolist(), strict=True),
+            zip(ev_pid[first_rows].tolist(), ev_tid[first_rows].tolist(), strict=True),
             bounds.tolist(),
             strict=True,
         )
     )
+    s_ts = ev_ts[order]
     ends = np.r_[bounds[1:], len(order)]
     end_of = dict(zip(bounds.tolist(), ends.tolist(), strict=True))
     # next slice at or after each position (for "next slice" binding)
-    nxt = np.where(is_slice, np.arange(len(order)), len(order))
-    nxt = np.minimum.accumulate(nxt[::-1])[::-1]
+    if fl_next.any():
+        nxt = np.where(is_slice, np.arange(len(order)), len(order))
+        nxt = np.minimum.accumulate(nxt[::-1])[::-1]
+    else:
+        nxt = np.zeros(1, dtype=np.int64)
     pos = np.full(len(fl_ts), -1, dtype=np.int64)
     # group the flow entries by track without a Python loop over entries
     f_order = np.lexsort((fl_tid, fl_pid))
@@ -266,14 +307,13 @@ def bind_flows(
         rows = f_order[g0:g1]
         t = fl_ts[rows]
         is_next = fl_next[rows]
-        last_le = lo + np.searchsorted(s_ts[lo:hi], t, side="right") - 1
-        first_ge = lo + np.searchsorted(s_ts[lo:hi], t, side="left")
-        cand = np.where(is_next, -2, last_le)
-        nx = np.where(first_ge < hi, nxt[np.minimum(first_ge, len(order) - 1)], len(order))
-        nx = np.where(nx < hi, nx, -1)
-        pos[rows[is_next]] = nx[is_next]
+        if is_next.any():
+            first_ge = lo + np.searchsorted(s_ts[lo:hi], t[is_next], side="left")
+            nx = np.where(first_ge < hi, nxt[np.minimum(first_ge, len(order) - 1)], hi)
+            pos[rows[is_next]] = np.where(nx < hi, nx, -1)
         enc = ~is_next
-        c = np.where(cand[enc] < lo, -1, cand[enc])
+        c = lo + np.searchsorted(s_ts[lo:hi], t[enc], side="right") - 1
+        c = np.where(c < lo, -1, c)
         tt = t[enc]
         r = rows[enc]
         # walk up until a slice that contains the flow's ts
@@ -504,12 +544,11 @@ def build_tables(
     meta_raw = _fold_leftovers(raw.pop("metadata"), ("flow_id", "bp", "scope", "dur"))
     metadata = _metadata_table(meta_raw, part, rank)
     ev_raw = _fold_leftovers(_match_begin_end(raw.pop("events")), ("flow_id", "bp"))
-    events, order, parent_pos, end, is_slice = _events_table(
-        ev_raw, part, rank, host, string_ids, meta_raw
-    )
+    events, timeline = _events_table(ev_raw, part, rank, host, string_ids, meta_raw)
     del ev_raw
     fl_raw = _fold_leftovers(raw.pop("flows"), ("scope", "dur"))
-    flows, links = _flow_tables(fl_raw, events, order, parent_pos, end, is_slice, part, rank)
+    flows, links = _flow_tables(fl_raw, timeline, part, rank)
+    del timeline
     counters = _counters_table(
         _fold_leftovers(raw.pop("counters"), ("flow_id", "bp", "scope", "dur")), part, rank
     )
@@ -527,7 +566,7 @@ def _events_table(
     host: str | None,
     string_ids: dict[str, dict[str, str]],
     meta_raw: pa.Table,
-) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[pa.Table, _Timeline]:
     n = ev.num_rows
     pid = _np(ev["pid"], -1)
     tid = _np(ev["tid"], -1)
@@ -627,7 +666,8 @@ def _events_table(
         ],
         schema=EVENTS,
     )
-    return table, order, parent_pos, end, is_slice
+    corr = _np(ev["correlation"], -1)
+    return table, _Timeline(order, parent_pos, end, is_slice, pid, tid, ts, ids, corr)
 
 
 def _steps(
@@ -688,19 +728,11 @@ def _steps(
 
 
 def _flow_tables(
-    fl: pa.Table,
-    events: pa.Table,
-    order: np.ndarray,
-    parent_pos: np.ndarray,
-    end: np.ndarray,
-    is_slice: np.ndarray,
-    part: int,
-    rank: int | None,
+    fl: pa.Table, tl: _Timeline, part: int, rank: int | None
 ) -> tuple[pa.Table, pa.Table]:
     n = fl.num_rows
-    ev_pid = _np(events["pid"], -1)
-    ev_tid = _np(events["tid"], -1)
-    ev_ts = _np(events["ts"])
+    order, parent_pos, end, is_slice = tl.order, tl.parent_pos, tl.end, tl.is_slice
+    ev_pid, ev_tid, ev_ts = tl.pid, tl.tid, tl.ts
     rank_ph = _codes(fl["ph"], lambda v: {"s": 0, "t": 1}.get(v, 2))
     fl_next = (rank_ph == 2) & _codes(fl["bp"], lambda v: v != "e", bool)
     f_ts = _np(fl["ts"])
@@ -713,10 +745,10 @@ def _flow_tables(
     launch = _codes(fl["cat"], lambda c: c.lower() in LAUNCH_FLOW_CATEGORIES, bool)
     if launch.any():
         rows = np.flatnonzero(launch)
-        fid = pc.cast(fl["flow_id"].take(pa.array(rows)), pa.int64(), safe=False)
+        fid = _int_or_null(fl["flow_id"].take(pa.array(rows)))
         ok = ~_isnull(fid)
         rows, fid = rows[ok], _np(fid)[ok]
-        ev_corr = _np(events["correlation"], -1)
+        ev_corr = tl.corr
         bound_corr = np.where(row[rows] >= 0, ev_corr[np.maximum(row[rows], 0)], -1)
         wrong = bound_corr != fid
         rows, fid = rows[wrong], fid[wrong]
@@ -725,8 +757,7 @@ def _flow_tables(
         )
         found = hit >= 0
         row[rows[found]] = hit[found]
-    ev_ids = _np(events["id"])
-    bound = np.where(row >= 0, ev_ids[np.maximum(row, 0)], -1)
+    bound = np.where(row >= 0, tl.ids[np.maximum(row, 0)], -1)
     flows = pa.Table.from_arrays(
         [
             pa.array(np.full(n, part, np.int32)),
