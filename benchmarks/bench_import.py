@@ -90,7 +90,7 @@ def measure(cmd: list[str], *, timeout: float, env: dict | None = None,
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        peak = {"tree": 0, "parent": 0, "procs": 1}
+        peak = {"tree": 0, "parent": 0, "procs": 1, "pss": 0}
         done = threading.Event()
 
         def sample() -> None:
@@ -98,21 +98,31 @@ def measure(cmd: list[str], *, timeout: float, env: dict | None = None,
                 root = psutil.Process(p.pid)
             except psutil.NoSuchProcess:
                 return
+            tick = 0
             while not done.is_set():
+                tick += 1
+                # PSS reads /proc/PID/smaps_rollup, which costs CPU on this 2-core machine:
+                # sample it every 5th tick (100 ms), RSS every tick
+                want_pss = tick % 5 == 1
                 try:
                     procs = [root, *root.children(recursive=True)]
                 except psutil.NoSuchProcess:
                     break
                 total = 0
+                total_pss = 0
                 for q in procs:
                     try:
-                        rss = q.memory_info().rss
+                        # PSS splits pages shared after fork between the processes that share
+                        # them, where summed RSS counts them once per process
+                        mem = q.memory_full_info() if want_pss else q.memory_info()
                     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                         continue
-                    total += rss
+                    total += mem.rss
+                    total_pss += getattr(mem, "pss", 0)
                     if q.pid == p.pid:
-                        peak["parent"] = max(peak["parent"], rss)
+                        peak["parent"] = max(peak["parent"], mem.rss)
                 peak["tree"] = max(peak["tree"], total)
+                peak["pss"] = max(peak["pss"], total_pss)
                 peak["procs"] = max(peak["procs"], len(procs))
                 done.wait(interval)
 
@@ -135,6 +145,7 @@ def measure(cmd: list[str], *, timeout: float, env: dict | None = None,
         out.seek(0)
         text = out.read().decode(errors="replace")
     return {"wall_s": wall, "peak_rss": peak["tree"], "peak_rss_parent": peak["parent"],
+            "peak_pss": peak["pss"],
             "max_procs": peak["procs"], "rc": rc, "output": text, "cpu_s": tree_cpu,
             "other_cpu_s": other}
 
@@ -197,6 +208,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "wall_s_max": max(walls), "wall_s_all": [round(w, 3) for w in walls],
             "peak_rss_median": int(statistics.median(rss)), "peak_rss_max": max(rss),
             "peak_rss_parent_median": int(statistics.median(r["peak_rss_parent"] for r in runs)),
+            "peak_pss_median": int(statistics.median(r["peak_pss"] for r in runs)),
             "max_procs": max(r["max_procs"] for r in runs),
             "cpu_s_median": statistics.median(r["cpu_s"] for r in runs),
             "other_cpu_s_all": [round(r["other_cpu_s"], 1) for r in runs]}
@@ -319,29 +331,31 @@ def render(res: dict[str, Any]) -> str:
         f"Input: {d['files']} Kineto JSON files ({d['ranks']} ranks), {d['events']:,} events, "
         f"{d['mb']:,.1f} MB; runs per tool: {res['runs']} (alternating), median reported.",
         "",
-        "| tool | wall median | wall min–max | peak RSS (tree) | parent RSS | procs | events/s "
-        "| MB/s | CPU s | others' CPU s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| tool | wall median | wall min–max | peak RSS (tree) | peak PSS (tree) | parent RSS "
+        "| procs | events/s | MB/s | CPU s | others' CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, label in (("xpuprof", "xpuprof import"), ("hta", "HTA TraceAnalysis")):
         s = res.get(key)
         if not s:
-            lines.append(f"| {label} | not run | | | | | | | | |")
+            lines.append(f"| {label} | not run | | | | | | | | | |")
             continue
         w = s["wall_s_median"]
         lines.append(
             f"| {label} | {w:.2f} s | {s['wall_s_min']:.2f}–{s['wall_s_max']:.2f} s | "
-            f"{gb(s['peak_rss_median'])} | {gb(s['peak_rss_parent_median'])} | {s['max_procs']} | "
+            f"{gb(s['peak_rss_median'])} | {gb(s['peak_pss_median'])} | "
+            f"{gb(s['peak_rss_parent_median'])} | {s['max_procs']} | "
             f"{d['events'] / w:,.0f} | {d['mb'] / w:,.1f} | {s['cpu_s_median']:.1f} | "
             f"{', '.join(f'{x:.1f}' for x in s['other_cpu_s_all'])} |")
     if res.get("info"):
         lines.append(f"| xpuprof info | {res['info']['wall_s_median']:.2f} s | "
                      f"{res['info']['wall_s_min']:.2f}–{res['info']['wall_s_max']:.2f} s | "
-                     f"{gb(res['info']['peak_rss_median'])} | | | | | | |")
+                     f"{gb(res['info']['peak_rss_median'])} | | | | | | | |")
     if res.get("big"):
         b = res["big"]
         lines.append(f"| xpuprof import, 1 file {b['mb']:,.0f} MB | {b['wall_s_median']:.2f} s | "
-                     f"| {gb(b['peak_rss_median'])} | {gb(b['peak_rss_parent_median'])} | "
+                     f"| {gb(b['peak_rss_median'])} | {gb(b['peak_pss_median'])} | "
+                     f"{gb(b['peak_rss_parent_median'])} | "
                      f"{b['max_procs']} | {b['events'] / b['wall_s_median']:,.0f} | "
                      f"{b['mb'] / b['wall_s_median']:,.1f} | {b['cpu_s_median']:.1f} | "
                      f"{b['other_cpu_s_all'][0]:.1f} |")
@@ -356,6 +370,8 @@ def render(res: dict[str, Any]) -> str:
         None if r["speedup"] is None else r["speedup"] >= 15)
     row("xpuprof RSS / HTA RSS ≤ 0.5", r["rss_ratio"], ".2f",
         None if r["rss_ratio"] is None else r["rss_ratio"] <= 0.5)
+    row("(same, proportional set size: shared pages counted once)", r.get("pss_ratio"), ".2f",
+        None)
     info = res.get("info")
     row("xpuprof info < 1 s", info and info["wall_s_median"], ".2f",
         None if not info else info["wall_s_median"] < 1)
@@ -534,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     res["ratios"] = {
         "speedup": h["wall_s_median"] / x["wall_s_median"] if x and h else None,
         "rss_ratio": x["peak_rss_median"] / h["peak_rss_median"] if x and h else None,
+        "pss_ratio": x["peak_pss_median"] / h["peak_pss_median"] if x and h else None,
     }
     for k in ("xpuprof", "hta"):
         if res.get(k):
