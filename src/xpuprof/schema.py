@@ -16,7 +16,8 @@ Conventions that hold for every table:
   beyond 2**63, key order and float spelling survive), ``extra`` the entry's remaining unknown
   top-level keys as a JSON object, or null.
 
-This module imports nothing from the rest of the package on purpose: it sits below every stage.
+This module imports only ``xpuprof.names`` from the package on purpose: it sits below every
+stage.
 """
 
 from __future__ import annotations
