@@ -30,7 +30,6 @@ import re
 import threading
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xpuprof.errors import TraceFormatError
+from xpuprof.formats.raw import _DICT, KINDS, RAW_SCHEMA, Dropped, RawTrace
 
 #: JSON text decoded per chunk; large enough to amortise per-call costs, small enough to bound RSS.
 CHUNK_BYTES = 4 << 20
@@ -88,62 +88,7 @@ _ARGS_DEC = msgspec.json.Decoder(list[_ArgSel | None])
 _ANY_DEC = msgspec.json.Decoder()
 
 
-@dataclass
-class Dropped:
-    """One piece of a file that a lenient import could not keep."""
-
-    reason: str
-    events: int
-    offset: int | None = None
-    event_index: int | None = None
-
-
-@dataclass
-class RawTrace:
-    """What the reader hands to the normaliser: raw columns in source order, already split by
-    kind of entry (``KINDS``), plus facts about the file."""
-
-    path: str
-    tables: dict[str, pa.Table]
-    read_phase: dict[str, int]
-    read_category: dict[str, int]
-    top: dict[str, Any]
-    string_ids: dict[str, dict[str, str]]
-    size: int
-    sha256: str
-    compressed: bool
-    dropped: list[Dropped] = field(default_factory=list)
-    truncated: bool = False
-
-
-#: How entries are split as they are read: by phase, into the tables they will feed.
-KINDS = ("events", "flows", "counters", "metadata")
 _KIND_OF_PHASE = {"s": 1, "t": 1, "f": 1, "C": 2, "M": 3}
-
-_DICT = pa.dictionary(pa.int32(), pa.string())
-
-RAW_SCHEMA = pa.schema(
-    [
-        ("index", pa.int64()),
-        ("ph", _DICT),
-        ("cat", _DICT),
-        ("name", _DICT),
-        ("pid", pa.int64()),
-        ("tid", pa.int64()),
-        ("ts", pa.int64()),
-        ("dur", pa.int64()),
-        ("flow_id", pa.string()),
-        ("bp", _DICT),
-        ("scope", _DICT),
-        ("args", pa.large_string()),
-        ("extra", pa.large_string()),
-        ("correlation", pa.int64()),
-        ("external_id", pa.int64()),
-        ("device_arg", pa.int64()),
-        ("stream_arg", pa.int64()),
-        ("bytes_arg", pa.float64()),
-    ]
-)
 
 
 # ----------------------------------------------------------------------------------------------

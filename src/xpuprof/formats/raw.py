@@ -1,0 +1,77 @@
+"""What every importer hands to the normaliser (``trace/build.py``): raw columns in source order,
+split by kind of entry, in one schema whatever the source format.
+
+Kineto JSON and XPlane differ in almost everything, but once their entries are columns of
+(phase, category, name, pid, tid, ts, dur, args, …) one normaliser derives levels, nesting,
+steps and links for both, and every later stage sees one data model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+
+@dataclass
+class Dropped:
+    """One piece of a file that a lenient import could not keep."""
+
+    reason: str
+    events: int
+    offset: int | None = None
+    event_index: int | None = None
+
+
+@dataclass
+class RawTrace:
+    """Raw columns of one source file, split by kind of entry (``KINDS``), plus file facts.
+
+    ``top`` holds the source's file-level facts (Kineto's top-level keys; an XPlane's hosts and
+    planes), ``string_ids`` the map of negative pid/tid codes back to the names they replace.
+    """
+
+    path: str
+    tables: dict[str, pa.Table]
+    read_phase: dict[str, int]
+    read_category: dict[str, int]
+    top: dict[str, Any]
+    string_ids: dict[str, dict[str, str]]
+    size: int
+    sha256: str
+    compressed: bool
+    dropped: list[Dropped] = field(default_factory=list)
+    truncated: bool = False
+    format: str = "kineto"
+
+
+#: How entries are split as they are read: by phase, into the tables they will feed.
+KINDS = ("events", "flows", "counters", "metadata")
+
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+#: Columns of every raw table. Times are int64 ns; ``args``/``extra`` JSON object text;
+#: ``correlation``..``bytes_arg`` are the few args lifted into typed columns.
+RAW_SCHEMA = pa.schema(
+    [
+        ("index", pa.int64()),
+        ("ph", _DICT),
+        ("cat", _DICT),
+        ("name", _DICT),
+        ("pid", pa.int64()),
+        ("tid", pa.int64()),
+        ("ts", pa.int64()),
+        ("dur", pa.int64()),
+        ("flow_id", pa.string()),
+        ("bp", _DICT),
+        ("scope", _DICT),
+        ("args", pa.large_string()),
+        ("extra", pa.large_string()),
+        ("correlation", pa.int64()),
+        ("external_id", pa.int64()),
+        ("device_arg", pa.int64()),
+        ("stream_arg", pa.int64()),
+        ("bytes_arg", pa.float64()),
+    ]
+)
