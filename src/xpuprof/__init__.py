@@ -17,6 +17,9 @@ _LAZY = {
     "import_traces": ("xpuprof.trace.ingest", "import_traces"),
     "LEVELS": ("xpuprof.schema", "LEVELS"),
     "XpuprofError": ("xpuprof.errors", "XpuprofError"),
+    "annotate": ("xpuprof.capture.annotate", "annotate"),
+    "step": ("xpuprof.capture.profile", "step"),
+    "profile": ("xpuprof.capture.profile", "profile"),
     "TraceFormatError": ("xpuprof.errors", "TraceFormatError"),
 }
 

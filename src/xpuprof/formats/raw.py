@@ -75,3 +75,40 @@ RAW_SCHEMA = pa.schema(
         ("bytes_arg", pa.float64()),
     ]
 )
+
+
+def empty_tables() -> dict[str, pa.Table]:
+    """One empty raw table per kind."""
+    return {k: RAW_SCHEMA.empty_table() for k in KINDS}
+
+
+def concat_tables(parts: list[dict[str, pa.Table]]) -> dict[str, pa.Table]:
+    """Join raw tables of several sources of one capture (profiler events, annotations,
+    layer spans, telemetry) kind by kind; their ``index`` ranges must not overlap."""
+    out = {}
+    for k in KINDS:
+        tables = [p[k] for p in parts if k in p and p[k].num_rows]
+        out[k] = pa.concat_tables(tables) if tables else RAW_SCHEMA.empty_table()
+    return out
+
+
+def count_entries(tables: dict[str, pa.Table]) -> tuple[dict[str, int], dict[str, int]]:
+    """Entries per phase and per category ("" for none), as the manifest records them."""
+    import pyarrow.compute as pc
+
+    phase: dict[str, int] = {}
+    cat: dict[str, int] = {}
+    for t in tables.values():
+        for counts, col in ((phase, t["ph"]), (cat, t["cat"])):
+            for row in pc.value_counts(col).to_pylist():
+                key = "" if row["values"] is None else row["values"]
+                counts[key] = counts.get(key, 0) + row["counts"]
+    return phase, cat
+
+
+def next_index(tables: dict[str, pa.Table]) -> int:
+    """The first ``index`` after every entry of these tables."""
+    import pyarrow.compute as pc
+
+    highest = [pc.max(t["index"]).as_py() for t in tables.values() if t.num_rows]
+    return max(highest) + 1 if highest else 0

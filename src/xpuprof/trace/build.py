@@ -50,6 +50,11 @@ _CATEGORY_LEVEL = {
     "runtime": "runtime",
     "memcpy": "memcpy",
     "memset": "memset",
+    # xpuprof's own capture (capture/annotate.py, capture/torch.py, capture/telemetry.py)
+    "xpuprof_annotation": "annotation",
+    "xpuprof_step": "step",
+    "xpuprof_layer": "layer",
+    "xpuprof_telemetry": "other",
     # other accelerators
     "mtia_runtime": "runtime",
     "mtia_ccp_events": "kernel",
@@ -77,7 +82,8 @@ DEVICE_CATEGORIES = frozenset(
 #: Flow categories whose id is the correlation id of the runtime call and its device work.
 LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async", "async_gpu", "async_cpu_to_gpu"})
 
-_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+#: Step spans: torch.profiler's ``ProfilerStep#N``, xpuprof's own ``step#N``.
+_STEP_NAME = re.compile(r"^(?:ProfilerStep|step)#(\d+)$")
 _COLLECTIVE_NAME = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 _LAYER_NAME = re.compile(r"^nn\.Module: ")
 _STREAM_NAME = re.compile(r"stream\s*(\d+)", re.IGNORECASE)

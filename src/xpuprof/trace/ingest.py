@@ -107,6 +107,22 @@ def rank_from_name(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def read_source(path: Path, lenient: bool, progress: Progress | None = None) -> Any:
+    """Read one source file with the reader its format needs (a RawTrace)."""
+    import gc
+
+    from xpuprof.formats.kineto import read_kineto
+
+    cb = (lambda done: progress(done, 0)) if progress else None
+    gc_was = gc.isenabled()
+    gc.disable()  # the decoder allocates millions of small objects; collection costs 3-4x
+    try:
+        return read_kineto(path, lenient=lenient, progress=cb)
+    finally:
+        if gc_was:
+            gc.enable()
+
+
 def import_file(
     path: str, part: int, out_dir: str, lenient: bool, progress: Progress | None = None
 ) -> dict[str, Any]:
@@ -114,29 +130,29 @@ def import_file(
 
     Runs inside a Dask worker for parallel imports, so it takes and returns plain data.
     """
-    import gc
-
-    import pyarrow.compute as pc
-
-    from xpuprof.formats.kineto import read_kineto
-    from xpuprof.trace.build import build_tables
-
     p = Path(path)
     stat = p.stat()
-    cb = (lambda done: progress(done, 0)) if progress else None
-    gc_was = gc.isenabled()
-    gc.disable()  # the decoder allocates millions of small objects; collection costs 3-4x
-    try:
-        raw = read_kineto(p, lenient=lenient, progress=cb)
-    finally:
-        if gc_was:
-            gc.enable()
+    raw = read_source(p, lenient, progress)
+    entry = write_raw(raw, part, out_dir, rank_hint=rank_from_name(p))
+    entry.update(path=str(p), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+    return entry
+
+
+def write_raw(
+    raw: Any, part: int, out_dir: str | Path, *, rank_hint: int | None = None
+) -> dict[str, Any]:
+    """Normalize one source's raw tables and write them as part ``part``; return its manifest
+    entry (without the source file's path, size and mtime, which the caller knows)."""
+    import pyarrow.compute as pc
+
+    from xpuprof.trace.build import build_tables
+
     dist = raw.top.get("distributedInfo")
     rank, rank_from = None, None
     if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
         rank, rank_from = dist["rank"], "distributedInfo"
-    elif (hint := rank_from_name(p)) is not None:
-        rank, rank_from = hint, "file name"
+    elif rank_hint is not None:
+        rank, rank_from = rank_hint, "file name"
     host = raw.top.get("host_name") or raw.top.get("hostname")
     host = host if isinstance(host, str) else None
 
@@ -161,11 +177,11 @@ def import_file(
     dropped = [d.__dict__ for d in raw.dropped]
     n_dropped = sum(d.events for d in raw.dropped)
     return {
-        "path": str(p),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
+        "path": raw.path,
+        "size": raw.size,
+        "mtime_ns": None,
         "sha256": raw.sha256,
-        "format": "kineto",
+        "format": raw.format,
         "compressed": raw.compressed,
         "part": part,
         "rank": rank,
@@ -184,6 +200,47 @@ def import_file(
         },
         "meta": {**raw.top, "string_ids": raw.string_ids},
     }
+
+
+def store_raw(raws: list[Any], store: str | Path) -> ImportReport:
+    """Write raw traces held in memory (a live capture) as a new store, atomically.
+
+    The store must not exist yet (or be an empty directory): a capture has no source file to
+    compare against, so there is nothing to reuse.
+    """
+    t0 = time.perf_counter()
+    root = Path(store).resolve()
+    if root.exists() and (root.is_file() or any(root.iterdir())):
+        raise XpuprofError(f"{root}: exists and is not empty; not overwriting it")
+    made = [p for p in (root.parent, *root.parent.parents) if not p.exists()]
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = root.parent / f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        entries = [write_raw(raw, part, staging) for part, raw in enumerate(raws)]
+        manifest = st.new_manifest(entries)
+        st.write_manifest(staging, manifest)
+        if root.exists():
+            root.rmdir()
+        os.replace(staging, root)
+    except BaseException:
+        st.discard(staging)
+        for d in made:
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
+    return ImportReport(
+        store=str(root),
+        noop=False,
+        sources=manifest["sources"],
+        rows=manifest["rows"],
+        levels=manifest["levels"],
+        events_read=manifest["events_read"],
+        seconds=time.perf_counter() - t0,
+        workers=1,
+    )
 
 
 def _unchanged(entry: dict[str, Any], path: Path) -> bool:

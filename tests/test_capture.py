@@ -1,0 +1,195 @@
+"""Capture of a real PyTorch training loop on the CPU with ``xpuprof.profile``.
+
+Checked against facts computed here, not by the code under test: the model's own module tree
+(``named_modules``), torch's profiler trace of the same run, the steps the loop ran, and psutil.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import xpuprof
+
+torch = pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
+
+from xpuprof.demo import Trainer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def op_capture(tmp_path_factory):
+    trainer = Trainer(layers=2, d=64, seq=32)
+    # the test's own record of which modules run forward (MultiheadAttention, for one, never
+    # calls its out_proj module: it uses the weights directly)
+    ran: set[str] = set()
+    root = type(trainer.model).__name__
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, _o, name=(path or root): ran.add(name))
+        for path, m in trainer.model.named_modules()
+    ]
+    out = tmp_path_factory.mktemp("cap") / "op.store"
+    with xpuprof.profile(out, level="op", model=trainer.model) as prof:
+        for i in range(3):
+            xpuprof.step(i)
+            with xpuprof.annotate("train_step", i=i):
+                trainer.step()
+    for h in hooks:
+        h.remove()
+    trainer.ran = ran
+    trace = prof.trace()
+    yield trainer, trace
+    trace.close()
+
+
+def test_layer_spans_nest_like_the_module_tree(op_capture) -> None:
+    trainer, trace = op_capture
+    modules = {path or type(trainer.model).__name__: type(m).__name__
+               for path, m in trainer.model.named_modules()}  # fmt: skip
+    df = trace.sql(
+        "select e.name, json_extract_string(e.args, '$.module') as kind, "
+        "json_extract_string(e.args, '$.pass') as pass, p.name as parent, p.level as plevel "
+        "from events e left join events p on p.id = e.parent where e.level = 'layer'"
+    )
+    fwd = df[df["pass"] == "forward"]
+    # every module that ran forward has a span per step, with its type recorded
+    assert sorted(fwd.name.unique()) == sorted(trainer.ran)
+    assert (fwd.groupby("name").size() == 3).all()
+    assert all(modules[n] == k for n, k in zip(fwd.name, fwd.kind, strict=True))
+    # a submodule's span sits inside its parent module's span
+    for name, parent, plevel in zip(fwd.name, fwd.parent, fwd.plevel, strict=True):
+        if "." in name:
+            assert plevel == "layer" and parent == name.rsplit(".", 1)[0], (name, parent)
+        elif name in dict(trainer.model.named_children()):
+            assert parent == type(trainer.model).__name__
+    # backward spans exist for the modules with parameters
+    bwd = set(df[df["pass"] == "backward"].name)
+    assert {"head", "embed", "blocks.0.attn", "blocks.1.mlp.0"} <= bwd
+
+
+def test_every_aten_op_of_the_forward_pass_is_inside_its_module(op_capture) -> None:
+    _, trace = op_capture
+    # each op with the innermost layer span above it (walking up the parent chain in SQL)
+    chain = trace.sql(
+        """
+        with recursive up(op, name, cur) as (
+          select id, name, parent from events where level = 'op'
+          union all
+          select up.op, up.name, e.parent from up join events e on e.id = up.cur
+          where e.level <> 'layer'
+        )
+        select up.op, up.name as op_name, l.name as layer,
+               json_extract_string(l.args, '$.module') as module,
+               json_extract_string(l.args, '$.pass') as pass
+        from up join events l on l.id = up.cur and l.level = 'layer'
+        """
+    )
+    forward = chain[chain["pass"] == "forward"]
+    by_op = dict(zip(forward.op_name, forward.module, strict=False))
+    # the forward ops of each layer type land in a span of that type
+    assert by_op["aten::embedding"] == "Embedding"
+    assert by_op["aten::layer_norm"] == "LayerNorm"
+    assert by_op["aten::gelu"] == "GELU"
+    inside = set(forward.module[forward.op_name == "aten::linear"])
+    assert inside <= {"Linear", "MultiheadAttention"} and "Linear" in inside
+    # every op in a step's forward pass has a layer span above it: the ops torch ran between
+    # the first and last forward layer span of step 0 on the main thread
+    ops = trace.sql(
+        """
+        with f as (select min(ts) t0, max(ts + dur) t1, tid from events
+                   where level = 'layer' and step = 0
+                     and json_extract_string(args, '$.pass') = 'forward'
+                     and name = 'TinyLM' group by tid)
+        select e.id from events e, f where e.level = 'op' and e.tid = f.tid
+          and e.ts >= f.t0 and e.ts + e.dur <= f.t1
+        """
+    )
+    assert len(ops) > 100
+    assert set(ops.id) <= set(chain.op)
+
+
+def test_steps_and_annotations(op_capture) -> None:
+    _, trace = op_capture
+    steps = trace.sql("select name, step from events where level = 'step' order by ts")
+    assert list(steps.name) == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    ann = trace.sql(
+        "select e.step, json_extract(e.args, '$.i')::int as i, p.level as plevel from events e "
+        "left join events p on p.id = e.parent where e.name = 'train_step' order by e.ts"
+    )
+    assert list(ann.i) == [0, 1, 2] and list(ann.step) == [0, 1, 2]
+    assert (ann.plevel == "step").all()  # our span nests inside torch's step span
+    untimed = trace.sql("select count(*) n from events where level = 'op' and step is null")
+    assert untimed.n[0] == 0
+
+
+def test_telemetry_lands_in_counters(op_capture) -> None:
+    import psutil
+
+    _, trace = op_capture
+    c = trace.sql("select name, series, value from counters")
+    rss = c[(c.name == "memory") & (c.series == "rss_bytes")].value
+    assert len(rss) >= 1
+    now = psutil.Process().memory_info().rss
+    assert (rss > 0.3 * now).all() and (rss < 3 * now).all()
+    cpu = c[(c.name == "cpu") & (c.series == "process_percent")].value
+    assert (cpu >= 0).all()
+    status = trace.meta["sources"][0]["meta"]["xpuprof_capture"]["telemetry"]
+    assert "gpu" in status  # says whether GPUs were sampled, and why not
+
+
+def test_step_level_records_no_framework_events(tmp_path) -> None:
+    trainer = Trainer(layers=1, d=32, seq=16)
+    with xpuprof.profile(tmp_path / "s", level="step") as prof:
+        for i in range(4):
+            xpuprof.step(i)
+            trainer.step()
+    with prof.trace() as t:
+        levels = dict(t.sql("select level, count(*) n from events group by 1").values.tolist())
+        assert levels == {"step": 4}
+        steps = t.sql("select name from events order by ts").name.tolist()
+    assert steps == [f"step#{i}" for i in range(4)]
+
+
+def test_warmup_and_steps_schedule(tmp_path) -> None:
+    trainer = Trainer(layers=1, d=32, seq=16)
+    with xpuprof.profile(tmp_path / "w", level="layer", model=trainer.model, warmup=2,
+                         steps=2) as prof:  # fmt: skip
+        for i in range(6):
+            xpuprof.step(i)
+            trainer.step()
+    with prof.trace() as t:
+        steps = t.sql("select distinct step from events where step is not null order by 1")
+    assert steps.step.tolist() == [2, 3]
+
+
+def test_profile_as_decorator(tmp_path) -> None:
+    trainer = Trainer(layers=1, d=32, seq=16)
+
+    @xpuprof.profile(tmp_path / "d", level="layer", model=trainer.model)
+    def run() -> None:
+        trainer.step()
+
+    run()
+    with xpuprof.load(tmp_path / "d") as t:
+        assert t.sql("select count(*) n from events where level = 'layer'").n[0] > 10
+
+
+def test_profiling_torch_without_torch_names_the_extra(tmp_path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["torch"] = None  # as if torch were not installed
+        import xpuprof
+        from xpuprof.errors import XpuprofError
+        try:
+            with xpuprof.profile({str(tmp_path / "x")!r}, level="op", framework="torch"):
+                pass
+        except XpuprofError as e:
+            print(e)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "pip install 'xpuprof[torch]'" in out.stdout, out.stderr
+    assert not (tmp_path / "x").exists()
