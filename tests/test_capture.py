@@ -31,7 +31,7 @@ def op_capture(tmp_path_factory):
         for path, m in trainer.model.named_modules()
     ]
     out = tmp_path_factory.mktemp("cap") / "op.store"
-    with xpuprof.profile(out, level="op", model=trainer.model) as prof:
+    with xpuprof.profile(out, level="op", model=trainer.model, backward_layers=True) as prof:
         for i in range(3):
             xpuprof.step(i)
             with xpuprof.annotate("train_step", i=i):
@@ -193,3 +193,41 @@ def test_profiling_torch_without_torch_names_the_extra(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "pip install 'xpuprof[torch]'" in out.stdout, out.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_store_flops_of_a_captured_step_match_flop_counter_mode(tmp_path) -> None:
+    """FLOPs in the store (derived from the shapes the capture recorded) against torch's own
+    FlopCounterMode on the same step, for linear, conv and matmul work."""
+    import numpy as np
+    from torch import nn
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from xpuprof.trace.flops import EXACT_KINDS, op_kind, outermost
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 16 * 16, 32)
+    )
+    x = torch.randn(4, 3, 16, 16)
+    w = torch.randn(32, 32)
+
+    def step() -> None:
+        y = model(x) @ w  # conv, linear and a plain matmul, forward and backward
+        y.sum().backward()
+
+    step()
+    with FlopCounterMode(display=False) as counter:
+        step()
+    want = counter.get_total_flops()
+    with xpuprof.profile(tmp_path / "f", level="full", model=model):
+        step()
+    with xpuprof.load(tmp_path / "f") as t:
+        ev = t.table("events", columns=["id", "parent", "name", "flops"]).to_pandas()
+    # FlopCounterMode counts matmul, conv and attention only; our estimates of elementwise
+    # work (relu, sum) are left out of the comparison
+    exact = np.array([op_kind(str(n)) in EXACT_KINDS for n in ev.name])
+    flops = np.where(exact, ev.flops.to_numpy(dtype=float, na_value=np.nan), np.nan)
+    top = outermost(~np.isnan(flops), ev.parent.fillna(-1).to_numpy(np.int64), ev.id.to_numpy())
+    got = float(np.nansum(flops[top]))
+    assert want > 0
+    assert abs(got - want) <= 0.01 * want, (got, want)

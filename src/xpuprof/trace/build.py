@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xpuprof.schema import COUNTERS, EVENTS, FLOWS, ID_SHIFT, LEVELS, LINKS, METADATA
+from xpuprof.trace.flops import derive as derive_flops
 
 _CATEGORY_LEVEL = {
     # current Kineto vocabulary
@@ -641,6 +642,13 @@ def _events_table(
     if coll.size:
         vals = _collective_bytes(ev["args"].take(pa.array(coll)).to_pylist())
         bytes_col[coll] = [np.nan if v is None else v for v in vals]
+    # FLOPs and bytes of framework ops from their recorded shapes (trace/flops.py). Inclusive,
+    # like dur: a total sums the outermost ops that have a value (flops.outermost).
+    flops_col = np.full(n, np.nan)
+    is_op = level == L["op"]
+    if is_op.any():
+        flops_col, op_bytes = derive_flops(ev["name"], ev["args"], where=is_op)
+        bytes_col = np.where(is_op, op_bytes, bytes_col)
 
     table = pa.Table.from_arrays(
         [
@@ -665,7 +673,7 @@ def _events_table(
             ev["correlation"],
             ev["external_id"],
             step,
-            pa.nulls(n, pa.float64()),
+            pa.array(flops_col, pa.float64(), mask=np.isnan(flops_col)),
             pa.array(bytes_col, pa.float64(), mask=np.isnan(bytes_col)),
             ev["args"],  # chunked as read: no copy of the largest column
             ev["extra"],

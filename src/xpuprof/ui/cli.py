@@ -311,20 +311,81 @@ def demo(
     store: Path = typer.Option(
         Path("xpuprof-demo.store"), "-o", "--output", help="Store directory to write."
     ),
+    steps: int = typer.Option(5, "--steps", help="Training steps to record."),
+    level: str = typer.Option("op", "--level", help="Capture level: step, layer, op, full."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
-    """Import the example trace shipped with xpuprof (a real PyTorch CPU training run) and
-    print what it holds."""
-    from importlib.resources import files
+    """Train a small built-in transformer on the CPU under xpuprof.profile, write the store and
+    print what it holds. Without torch, import the real trace shipped with xpuprof instead."""
+    import shutil
 
-    example = files("xpuprof") / "data" / "example_cpu_train.pt.trace.json.gz"
     from xpuprof.trace.ingest import import_traces
 
+    if store.exists():
+        from xpuprof.trace.store import is_store
+
+        if not is_store(store):
+            _fail(XpuprofError(f"{store}: exists and is not an xpuprof store; not replacing it"))
+        shutil.rmtree(store)  # the demo's own store from an earlier run
     try:
-        import_traces([Path(str(example))], store)
+        import torch  # noqa: F401
+
+        have_torch = True
+    except ImportError:
+        have_torch = False
+    try:
+        if have_torch:
+            import xpuprof
+            from xpuprof.demo import Trainer
+
+            trainer = Trainer()
+            trainer.step()  # the first step allocates and warms up: not what a user measures
+            if not as_json:
+                err.print(f"training the demo transformer for {steps} steps at level {level!r}…")
+            with xpuprof.profile(store, level=level, model=trainer.model):
+                for i in range(steps):
+                    xpuprof.step(i)
+                    trainer.step()
+        else:
+            from importlib.resources import files
+
+            err.print(
+                "torch is not installed (pip install 'xpuprof[torch]'): importing the example "
+                "trace shipped with xpuprof instead"
+            )
+            example = files("xpuprof") / "data" / "example_cpu_train.pt.trace.json.gz"
+            import_traces([Path(str(example))], store)
     except XpuprofError as e:
         _fail(e)
     info(store, as_json)
+    if as_json:
+        return
+    from xpuprof.trace.trace import Trace
+
+    with Trace(store) as trace:
+        layers = trace.sql(
+            "select name as layer, json_extract_string(args, '$.module') as type, "
+            "count(*) as calls, sum(dur) / 1e6 as ms from events "
+            "where level = 'layer' and json_extract_string(args, '$.pass') = 'forward' "
+            "group by all order by ms desc limit 8"
+        )
+        ops = trace.sql(
+            "with c as (select parent, sum(dur) as d from events group by parent) "
+            "select e.name as op, count(*) as calls, sum(e.dur - coalesce(c.d, 0)) / 1e6 as "
+            "self_ms from events e left join c on c.parent = e.id where e.level = 'op' "
+            "group by e.name order by self_ms desc limit 8"
+        )
+    for title, df in (
+        ("slowest layers (forward, inclusive)", layers),
+        ("top ops (self time)", ops),
+    ):
+        if len(df):
+            t = Table(title=title, title_justify="left")
+            for c in df.columns:
+                t.add_column(str(c), justify="right" if df[c].dtype.kind in "iuf" else "left")
+            for row in df.itertuples(index=False):
+                t.add_row(*[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row])
+            out.print(t)
 
 
 def main() -> None:
