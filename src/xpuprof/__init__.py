@@ -20,6 +20,7 @@ _LAZY = {
     "annotate": ("xpuprof.capture.annotate", "annotate"),
     "step": ("xpuprof.capture.profile", "step"),
     "profile": ("xpuprof.capture.profile", "profile"),
+    "serve": ("xpuprof.capture.remote", "serve"),
     "TraceFormatError": ("xpuprof.errors", "TraceFormatError"),
 }
 

@@ -34,6 +34,8 @@ CAPTURE_LEVELS = ("step", "layer", "op", "full")
 
 #: The capture that ``xpuprof.step`` drives, if any.
 _ACTIVE: Profile | None = None
+#: A pending on-demand capture request (capture/remote.py), served at the next step.
+_REMOTE: Any = None
 
 
 def step(n: int | None = None) -> Any:
@@ -43,6 +45,8 @@ def step(n: int | None = None) -> Any:
     ``ProfilerStep#N`` spans); otherwise it is ``annotate.step`` (one flag check when nothing is
     recording). Usable as ``with xpuprof.step(i):`` too.
     """
+    if _REMOTE is not None:
+        _REMOTE.on_step()
     if _ACTIVE is not None:
         return _ACTIVE.step(n)
     from xpuprof.capture import annotate
@@ -188,20 +192,39 @@ class Profile:
 
     def _stop(self) -> None:
         """Stop every recorder and write the store."""
+        halted = self._halt()
+        out = self.out
+        if out is None:
+            out = Path(tempfile.mkdtemp(prefix="xpuprof-capture-")) / "store"
+        try:
+            self.report = finish(halted, out)
+        finally:
+            halted.cleanup()
+        self.out = Path(self.report.store)
+        self._done = True
+
+    def _halt(self) -> Halted:
+        """Stop every recorder, quickly: what remains (reading the framework's trace,
+        normalising, writing Parquet) is :func:`finish`'s, which a remote capture runs in
+        another process so the job is not slowed after the capture window."""
         from xpuprof.capture import annotate
-        from xpuprof.formats.raw import RawTrace, concat_tables, count_entries, next_index
 
         self._recording = False
-        base_raw: RawTrace | None = None
+        work = Path(tempfile.mkdtemp(prefix="xpuprof-halt-"))
+        framework_trace: Path | None = None
+        framework = "none"
         try:
             if self._torch_prof is not None:
                 self._torch_step(None)
                 self._torch_prof.stop()
-                base_raw = self._torch_raw()
+                framework_trace = work / "torch.trace.json"
+                self._torch_prof.export_chrome_trace(str(framework_trace))
+                framework = "torch"
             elif self._jax_dir is not None:
                 from xpuprof.capture.jax import stop_jax
 
-                base_raw = stop_jax(self._jax_dir)
+                framework_trace = stop_jax(self._jax_dir)
+                framework = "jax"
         finally:
             collected = annotate.stop()
             if self._layers is not None:
@@ -209,20 +232,11 @@ class Profile:
                 self._layers.remove()
             if self._telemetry is not None:
                 self._telemetry.stop()
-        base_ns = int((base_raw.top.get("baseTimeNanoseconds") or 0) if base_raw else 0)
-        parts = [base_raw.tables] if base_raw is not None else []
-        nxt = next_index(parts[0]) if parts else 0
-        for source in (collected, self._layers, self._telemetry):
-            if source is None:
-                continue
-            kw = {"names": base_raw is None} if source is collected else {}
-            tables = source.to_raw(base_ns=base_ns, index_start=nxt, **kw)
-            parts.append(tables)
-            nxt = max(nxt, next_index(tables))
-        tables = concat_tables(parts)
-        phase, cat = count_entries(tables)
-        top = dict(base_raw.top) if base_raw is not None else {"baseTimeNanoseconds": base_ns}
-        top["xpuprof_capture"] = {
+        extras = [collected.to_raw(base_ns=0, index_start=0, names=framework == "none")]
+        for source in (self._layers, self._telemetry):
+            if source is not None:
+                extras.append(source.to_raw(base_ns=0, index_start=0))
+        settings = {
             **self._settings,
             "stopped_unix_ns": time.time_ns(),
             "annotations_dropped": collected.dropped,
@@ -231,40 +245,9 @@ class Profile:
             "layer_spans_dropped": self._layers.dropped if self._layers is not None else 0,
             "telemetry": self._telemetry.status if self._telemetry is not None else {},
             "pid": os.getpid(),
+            "host_name": os.uname().nodename if hasattr(os, "uname") else None,
         }
-        top.setdefault("host_name", os.uname().nodename if hasattr(os, "uname") else None)
-        raw = RawTrace(
-            path=f"capture:{os.getpid()}",
-            tables=tables,
-            read_phase=phase,
-            read_category=cat,
-            top=top,
-            string_ids=base_raw.string_ids if base_raw is not None else {"pid": {}, "tid": {}},
-            size=0,
-            sha256="",
-            compressed=False,
-            format="xpuprof-capture",
-        )
-        from xpuprof.trace.ingest import store_raw
-
-        out = self.out
-        if out is None:
-            out = Path(tempfile.mkdtemp(prefix="xpuprof-capture-")) / "store"
-        self.report = store_raw([raw], out)
-        self.out = Path(self.report.store)
-        if self._tmp is not None:
-            self._tmp.cleanup()
-        self._done = True
-
-    def _torch_raw(self) -> Any:
-        from xpuprof.formats.kineto import read_kineto
-
-        with tempfile.TemporaryDirectory(prefix="xpuprof-torch-") as d:
-            path = Path(d) / "trace.json"
-            self._torch_prof.export_chrome_trace(str(path))
-            raw = read_kineto(path)
-        raw.top.pop("traceName", None)  # a temporary file name: meaningless afterwards
-        return raw
+        return Halted(work, framework, framework_trace, extras, settings, self._tmp)
 
     # -- the user's side ---------------------------------------------------------------------
 
@@ -348,6 +331,132 @@ class Profile:
         if not self._done:
             raise XpuprofError("the capture has not finished yet")
         return Trace(self.out)
+
+
+class Halted:
+    """A stopped capture not yet written: the framework's own trace file and our spans and
+    samples as raw tables (times in Unix ns, indexes from 0: :func:`finish` shifts them)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        framework: str,
+        framework_trace: Path | None,
+        extras: list[dict[str, Any]],
+        settings: dict[str, Any],
+        owned_tmp: Any = None,
+    ) -> None:
+        self.workdir = workdir
+        self.framework = framework
+        self.framework_trace = framework_trace
+        self.extras = extras
+        self.settings = settings
+        self._owned_tmp = owned_tmp
+
+    def save(self) -> Path:
+        """Write the raw tables next to the framework trace, so another process can finish."""
+        import json
+
+        import pyarrow as pa
+
+        for i, tables in enumerate(self.extras):
+            for kind, t in tables.items():
+                with pa.OSFile(str(self.workdir / f"extra{i}.{kind}.arrow"), "wb") as f:
+                    with pa.ipc.new_file(f, t.schema) as w:
+                        w.write_table(t)
+        (self.workdir / "halted.json").write_text(
+            json.dumps(
+                {
+                    "framework": self.framework,
+                    "framework_trace": str(self.framework_trace) if self.framework_trace else None,
+                    "extras": len(self.extras),
+                    "settings": self.settings,
+                },
+                default=str,
+            )
+        )
+        return self.workdir
+
+    @classmethod
+    def load(cls, workdir: Path) -> Halted:
+        import json
+
+        import pyarrow as pa
+
+        from xpuprof.formats.raw import KINDS
+
+        doc = json.loads((workdir / "halted.json").read_text())
+        extras = []
+        for i in range(doc["extras"]):
+            tables = {}
+            for kind in KINDS:
+                with pa.memory_map(str(workdir / f"extra{i}.{kind}.arrow")) as f:
+                    tables[kind] = pa.ipc.open_file(f).read_all()
+            extras.append(tables)
+        ft = doc["framework_trace"]
+        return cls(workdir, doc["framework"], Path(ft) if ft else None, extras, doc["settings"])
+
+    def cleanup(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._owned_tmp is not None:
+            self._owned_tmp.cleanup()
+
+
+def finish(halted: Halted, out: str | Path) -> Any:
+    """Merge a stopped capture's pieces into one normalized trace and write it as a store."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from xpuprof.formats.raw import RawTrace, concat_tables, count_entries, next_index
+    from xpuprof.trace.ingest import store_raw
+
+    base: RawTrace | None = None
+    if halted.framework == "torch" and halted.framework_trace is not None:
+        from xpuprof.formats.kineto import read_kineto
+
+        base = read_kineto(halted.framework_trace)
+        base.top.pop("traceName", None)  # a temporary file: meaningless afterwards
+    elif halted.framework == "jax" and halted.framework_trace is not None:
+        from xpuprof.formats.xplane import read_xplane
+
+        base = read_xplane(halted.framework_trace)
+    base_ns = int((base.top.get("baseTimeNanoseconds") or 0) if base is not None else 0)
+    parts = [base.tables] if base is not None else []
+    nxt = next_index(parts[0]) if parts else 0
+    for tables in halted.extras:
+        shifted = {}
+        for kind, t in tables.items():
+            if t.num_rows:
+                t = t.set_column(
+                    t.schema.get_field_index("index"), "index", pc.add(t["index"], nxt)
+                )
+                t = t.set_column(
+                    t.schema.get_field_index("ts"), "ts", pc.subtract(t["ts"], pa.scalar(base_ns))
+                )
+            shifted[kind] = t
+        parts.append(shifted)
+        nxt = max(nxt, next_index(shifted))
+    tables = concat_tables(parts)
+    phase, cat = count_entries(tables)
+    top = dict(base.top) if base is not None else {"baseTimeNanoseconds": base_ns}
+    settings = dict(halted.settings)
+    top["xpuprof_capture"] = settings
+    top.setdefault("host_name", settings.get("host_name"))
+    raw = RawTrace(
+        path=f"capture:{settings.get('pid')}",
+        tables=tables,
+        read_phase=phase,
+        read_category=cat,
+        top=top,
+        string_ids=base.string_ids if base is not None else {"pid": {}, "tid": {}},
+        size=0,
+        sha256="",
+        compressed=False,
+        format="xpuprof-capture",
+    )
+    return store_raw([raw], out)
 
 
 def profile(out: str | Path | None = None, **options: Any) -> Profile:

@@ -75,26 +75,37 @@ class Telemetry:
 
     # -- the loop ----------------------------------------------------------------------------
 
+    def _sample(self, proc: Any, cpu_too: bool) -> bool:
+        import psutil
+
+        now = time.time_ns()
+        try:
+            with proc.oneshot():
+                cpu = proc.cpu_percent(None)
+                rss = proc.memory_info().rss
+        except psutil.Error:
+            return False
+        if cpu_too:  # utilisation is a rate: it needs an interval behind it
+            self.samples.append(
+                (now, "cpu", {"process_percent": cpu, "system_percent": psutil.cpu_percent(None)})
+            )
+        self.samples.append((now, "memory", {"rss_bytes": float(rss)}))
+        if self._gpus:
+            self._sample_gpus(now)
+        return True
+
     def _run(self) -> None:
         import psutil
 
         proc = psutil.Process(self.pid)
-        proc.cpu_percent(None)
         psutil.cpu_percent(None)
+        # a sample at the start and one at the end: even a capture shorter than the interval
+        # has its memory and utilisation
+        self._sample(proc, cpu_too=False)
         while not self._stop.wait(self.interval):
-            now = time.time_ns()
-            try:
-                with proc.oneshot():
-                    cpu = proc.cpu_percent(None)
-                    rss = proc.memory_info().rss
-            except psutil.Error:
-                break
-            self.samples.append(
-                (now, "cpu", {"process_percent": cpu, "system_percent": psutil.cpu_percent(None)})
-            )
-            self.samples.append((now, "memory", {"rss_bytes": float(rss)}))
-            if self._gpus:
-                self._sample_gpus(now)
+            if not self._sample(proc, cpu_too=True):
+                return
+        self._sample(proc, cpu_too=True)
 
     def start(self) -> Telemetry:
         self.status["cpu"] = f"sampled every {self.interval * 1000:.0f} ms through psutil"

@@ -306,6 +306,45 @@ def export(
         )
 
 
+def _seconds(text: str) -> float:
+    """``2s``, ``500ms``, ``1.5``, ``1m`` → seconds."""
+    t = text.strip().lower()
+    for suffix, scale in (("ms", 1e-3), ("s", 1.0), ("m", 60.0)):
+        if t.endswith(suffix):
+            t, mult = t[: -len(suffix)], scale
+            break
+    else:
+        mult = 1.0
+    try:
+        return float(t) * mult
+    except ValueError:
+        raise XpuprofError(f"not a duration: {text!r} (use e.g. 2s, 500ms, 1m)") from None
+
+
+@app.command()
+def capture(
+    url: str = typer.Argument(..., help="The job's capture server, e.g. http://127.0.0.1:8471"),
+    store: Path = typer.Option(..., "-o", "--output", help="Store directory to write."),
+    duration: str = typer.Option("2s", "--duration", help="How long to capture (2s, 500ms)."),
+    token: str = typer.Option(
+        None, "--token", envvar="XPUPROF_TOKEN", help="The job's token (or XPUPROF_TOKEN)."
+    ),
+    level: str = typer.Option(None, "--level", help="Capture level (default: the server's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Capture a running job on demand (the job runs xpuprof.serve) into a store."""
+    from xpuprof.capture.remote import request_capture
+
+    try:
+        seconds = _seconds(duration)
+        if not as_json:
+            err.print(f"capturing {url} for {seconds:g} s…")
+        request_capture(url, store, duration=seconds, token=token, level=level)
+    except XpuprofError as e:
+        _fail(e)
+    info(store, as_json)
+
+
 @app.command()
 def demo(
     store: Path = typer.Option(
