@@ -231,3 +231,33 @@ def test_store_flops_of_a_captured_step_match_flop_counter_mode(tmp_path) -> Non
     got = float(np.nansum(flops[top]))
     assert want > 0
     assert abs(got - want) <= 0.01 * want, (got, want)
+
+
+def test_jax_program_profiled_with_its_xla_ops(tmp_path) -> None:
+    jax = pytest.importorskip("jax", reason="jax is an optional extra: pip install 'xpuprof[jax]'")
+    jnp = jax.numpy
+
+    @jax.jit
+    def layer(w, x):
+        return jnp.tanh(x @ w)
+
+    w = jnp.ones((64, 64)) / 64
+    x = jnp.ones((32, 64))
+    layer(w, x).block_until_ready()  # compile outside the capture
+    with xpuprof.profile(tmp_path / "j", level="op", framework="jax") as prof:
+        for i in range(3):
+            xpuprof.step(i)
+            with xpuprof.annotate("jax_step", i=i):
+                x = layer(w, x).block_until_ready()
+    with prof.trace() as t:
+        ops = t.sql("select name, dur, step from events where level = 'kernel'")
+        ann = t.sql("select count(*) n from events where name = 'jax_step'")
+        meta = t.meta["sources"][0]["meta"]
+    # the jitted function's XLA ops (named by the CPU backend, e.g. a fused dot) ran in every
+    # step, the same ops each time, each with a duration
+    assert len(ops) >= 3 and (ops.dur > 0).all()
+    per_step = ops.groupby("step").name.apply(sorted)
+    assert list(per_step.index) == [0, 1, 2]
+    assert per_step.iloc[0] == per_step.iloc[1] == per_step.iloc[2]
+    assert ann.n[0] == 3
+    assert meta["xpuprof_capture"]["framework"] == "jax"

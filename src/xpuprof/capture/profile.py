@@ -188,7 +188,9 @@ class Profile:
 
         self._tmp = tempfile.TemporaryDirectory(prefix="xpuprof-jax-")
         self._jax_dir = Path(self._tmp.name)
-        self._settings["profiler"] = start_jax(self._jax_dir)
+        # jax's Python tracer would record every Python call of every thread (our telemetry
+        # sampler included): only at level "full"
+        self._settings["profiler"] = start_jax(self._jax_dir, python_tracer=self.level == "full")
 
     def _stop(self) -> None:
         """Stop every recorder and write the store."""
@@ -221,9 +223,10 @@ class Profile:
                 self._torch_prof.export_chrome_trace(str(framework_trace))
                 framework = "torch"
             elif self._jax_dir is not None:
-                from xpuprof.capture.jax import stop_jax
+                from xpuprof.capture.jax import stop_jax_files
 
-                framework_trace = stop_jax(self._jax_dir)
+                files = stop_jax_files(self._jax_dir)
+                framework_trace = files[0] if files else None
                 framework = "jax"
         finally:
             collected = annotate.stop()

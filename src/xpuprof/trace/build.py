@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xpuprof.formats.xplane import XPLANE_CATEGORY_LEVEL, XPLANE_DEVICE_CATEGORIES
 from xpuprof.schema import COUNTERS, EVENTS, FLOWS, ID_SHIFT, LEVELS, LINKS, METADATA
 from xpuprof.trace.flops import derive as derive_flops
 
@@ -64,6 +65,7 @@ _CATEGORY_LEVEL = {
     "xpu_runtime": "runtime",
     "xpu_driver": "runtime",
 }
+_CATEGORY_LEVEL.update(XPLANE_CATEGORY_LEVEL)  # XPlane (XProf, JAX, TF): formats/xplane.py
 
 #: Categories recorded on a device timeline (pid = device, tid = stream).
 DEVICE_CATEGORIES = frozenset(
@@ -79,6 +81,7 @@ DEVICE_CATEGORIES = frozenset(
         "memset",
     }
 )
+DEVICE_CATEGORIES = DEVICE_CATEGORIES | XPLANE_DEVICE_CATEGORIES
 
 #: Flow categories whose id is the correlation id of the runtime call and its device work.
 LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async", "async_gpu", "async_cpu_to_gpu"})
@@ -705,6 +708,23 @@ def _steps(
     rows = np.flatnonzero(is_step)
     if not rows.size:
         return pa.nulls(n, pa.int64())
+    # XPlane steps carry their number in a step_num stat (JAX's StepTraceAnnotation, TF's step
+    # TraceMes) or, on a TPU "Steps" line, as their name
+    unnumbered = rows[step_no[rows] < 0]
+    if unnumbered.size:
+        take = pa.array(unnumbered)
+        for r, name, args in zip(
+            unnumbered.tolist(),
+            ev["name"].take(take).to_pylist(),
+            ev["args"].take(take).to_pylist(),
+            strict=True,
+        ):
+            d = msgspec.json.decode(args) if args else None
+            v = d.get("step_num") if isinstance(d, dict) else None
+            if isinstance(v, int) and not isinstance(v, bool):
+                step_no[r] = v
+            elif name and name.isdigit():
+                step_no[r] = int(name)
     step[rows] = step_no[rows]
     s_ts, s_end, s_no = ts[rows], ts[rows] + dur[rows], step_no[rows]
     # host events: the step span of the same process that contains their start

@@ -26,7 +26,7 @@ from xpuprof.trace import store as st
 PARALLEL_MIN_BYTES = 48 << 20
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[_\-]?(\d+)", re.IGNORECASE)
-_TRACE_SUFFIXES = (".json", ".json.gz")
+_TRACE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".xplane.pb.gz")
 
 Progress = Callable[[int, int], None]
 
@@ -71,12 +71,25 @@ class ImportReport:
 
 
 def expand_sources(paths: list[str | Path]) -> list[Path]:
-    """Files named directly, plus the ``.json``/``.json.gz`` files under named directories."""
+    """Files named directly, plus the trace files under named directories: ``.json(.gz)``
+    and ``.xplane.pb(.gz)``; for an XProf/TensorBoard log directory, the newest run's XPlane
+    files. A ``<host>.trace.json.gz`` beside ``<host>.xplane.pb`` (what jax.profiler writes)
+    is XProf's rendering of the same events and is left out."""
+    from xpuprof.formats.xplane import find_xplane_files
+
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             if st.is_store(p):
                 raise XpuprofError(f"{p}: is an xpuprof store, not a trace to import")
+            if (p / "plugins" / "profile").is_dir() or (
+                p.name == "profile" and p.parent.name == "plugins"
+            ):
+                found = find_xplane_files(p, run="latest")
+                if not found:
+                    raise XpuprofError(f"{p}: an XProf log directory with no .xplane.pb files")
+                out.extend(found)
+                continue
             found = sorted(
                 f
                 for f in p.rglob("*")
@@ -85,8 +98,16 @@ def expand_sources(paths: list[str | Path]) -> list[Path]:
                 and not any(part.startswith(".") for part in f.relative_to(p).parts)
                 and not (f.parent / st.MANIFEST).exists()
             )
+            xplanes = {f.name.split(".xplane.pb")[0] for f in found if ".xplane.pb" in f.name}
+            found = [
+                f for f in found
+                if not (f.name.endswith(".trace.json.gz")
+                        and f.name[: -len(".trace.json.gz")] in xplanes)
+            ]  # fmt: skip
             if not found:
-                raise XpuprofError(f"{p}: no .json or .json.gz trace files in this directory")
+                raise XpuprofError(
+                    f"{p}: no .json, .json.gz or .xplane.pb trace files in this directory"
+                )
             out.extend(found)
         elif p.is_file():
             out.append(p)
@@ -112,12 +133,14 @@ def read_source(path: Path, lenient: bool, progress: Progress | None = None) -> 
     import gc
 
     from xpuprof.formats.kineto import read_kineto
+    from xpuprof.formats.xplane import is_xplane_path, read_xplane
 
+    reader = read_xplane if is_xplane_path(path.name) else read_kineto
     cb = (lambda done: progress(done, 0)) if progress else None
     gc_was = gc.isenabled()
     gc.disable()  # the decoder allocates millions of small objects; collection costs 3-4x
     try:
-        return read_kineto(path, lenient=lenient, progress=cb)
+        return reader(path, lenient=lenient, progress=cb)
     finally:
         if gc_was:
             gc.enable()
@@ -313,6 +336,8 @@ def _run(
         # start in 0.1 s with pyarrow, numpy and msgspec loaded, instead of spawning fresh
         # interpreters that import everything again (about 0.8 s before the first file).
         import xpuprof.formats.kineto  # noqa: F401
+        import xpuprof.formats.proto.xplane_pb2  # noqa: F401
+        import xpuprof.formats.xplane  # noqa: F401
         import xpuprof.trace.build  # noqa: F401
 
         method = "fork" if "fork" in _start_methods() else "spawn"
