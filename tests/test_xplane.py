@@ -847,3 +847,21 @@ def test_progress_reports_bytes_up_to_the_whole_file(tmp_path):
     seen: list[int] = []
     read_xplane(f, progress=seen.append)
     assert seen == sorted(seen) and seen[-1] == len(data)
+
+
+def test_cli_import_of_a_corrupt_xplane_leaves_no_store(tmp_path):
+    """Through the CLI, as a user meets it: one line naming the file, exit code 2, no store
+    (and no hidden staging folder) left behind."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "host.xplane.pb"
+    bad.write_bytes(b"\x0a\xff\xff\xff\x0fnot a protobuf at all")
+    out = subprocess.run(
+        [sys.executable, "-m", "xpuprof.ui.cli", "import", str(bad), "-o", str(tmp_path / "s")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host.xplane.pb"]
