@@ -29,7 +29,6 @@ import sys
 import tarfile
 import tempfile
 import threading
-import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -303,8 +302,9 @@ def request_capture(
     except (urlerror.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise XpuprofError(f"{url}: cannot reach the capture server ({reason})") from None
-    staging = root.parent / f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    root.parent.mkdir(parents=True, exist_ok=True)
+    from xpuprof.trace.ingest import abandon_staging, begin_staging
+
+    staging, made = begin_staging(root)
     try:
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             tar.extractall(staging, filter="data")
@@ -312,8 +312,10 @@ def request_capture(
         if root.exists():
             root.rmdir()
         os.replace(staging / "store", root)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        abandon_staging(staging, made)
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
     return root
 
 

@@ -123,6 +123,42 @@ def expand_sources(paths: list[str | Path]) -> list[Path]:
     return unique
 
 
+def begin_staging(root: Path) -> tuple[Path, list[Path]]:
+    """A hidden sibling folder to build a store in, and the parent folders made for it (so a
+    failure can remove them again): the store appears only by renaming this folder."""
+    made = [p for p in (root.parent, *root.parent.parents) if not p.exists()]
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = root.parent / f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    return staging, made
+
+
+def abandon_staging(staging: Path, made: list[Path]) -> None:
+    """Undo :func:`begin_staging` after a failure: nothing half-written stays behind."""
+    st.discard(staging)
+    for d in made:  # innermost first
+        try:
+            d.rmdir()
+        except OSError:
+            break
+
+
+def _report(
+    root: Path, manifest: dict[str, Any], t0: float, workers: int, reused: list[str] | None = None
+) -> ImportReport:
+    return ImportReport(
+        store=str(root),
+        noop=False,
+        sources=manifest["sources"],
+        rows=manifest["rows"],
+        levels=manifest["levels"],
+        events_read=manifest["events_read"],
+        seconds=time.perf_counter() - t0,
+        workers=workers,
+        reused=reused or [],
+    )
+
+
 def rank_from_name(path: Path) -> int | None:
     m = _RANK_IN_NAME.search(path.name)
     return int(m.group(1)) if m else None
@@ -235,10 +271,7 @@ def store_raw(raws: list[Any], store: str | Path) -> ImportReport:
     root = Path(store).resolve()
     if root.exists() and (root.is_file() or any(root.iterdir())):
         raise XpuprofError(f"{root}: exists and is not empty; not overwriting it")
-    made = [p for p in (root.parent, *root.parent.parents) if not p.exists()]
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = root.parent / f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
+    staging, made = begin_staging(root)
     try:
         entries = [write_raw(raw, part, staging) for part, raw in enumerate(raws)]
         manifest = st.new_manifest(entries)
@@ -247,23 +280,9 @@ def store_raw(raws: list[Any], store: str | Path) -> ImportReport:
             root.rmdir()
         os.replace(staging, root)
     except BaseException:
-        st.discard(staging)
-        for d in made:
-            try:
-                d.rmdir()
-            except OSError:
-                break
+        abandon_staging(staging, made)
         raise
-    return ImportReport(
-        store=str(root),
-        noop=False,
-        sources=manifest["sources"],
-        rows=manifest["rows"],
-        levels=manifest["levels"],
-        events_read=manifest["events_read"],
-        seconds=time.perf_counter() - t0,
-        workers=1,
-    )
+    return _report(root, manifest, t0, 1)
 
 
 def _unchanged(entry: dict[str, Any], path: Path) -> bool:
@@ -433,10 +452,7 @@ def import_traces(
         )
     next_part = 1 + max((s["part"] for s in old["sources"]), default=-1) if old else 0
     jobs = [(p, next_part + i) for i, p in enumerate(todo)]
-    made = [p for p in (root.parent, *root.parent.parents) if not p.exists()]
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = root.parent / f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
+    staging, made = begin_staging(root)
     try:
         results, n_workers = _run(jobs, staging, lenient, scheduler, workers, progress)
         manifest = st.new_manifest(keep + results)
@@ -454,24 +470,9 @@ def import_traces(
             st.remove_unlisted(root, manifest)
             st.discard(staging)
     except BaseException:
-        st.discard(staging)
-        for d in made:  # folders this import created for the store, innermost first
-            try:
-                d.rmdir()
-            except OSError:
-                break
+        abandon_staging(staging, made)
         raise
-    return ImportReport(
-        store=str(root),
-        noop=False,
-        sources=manifest["sources"],
-        rows=manifest["rows"],
-        levels=manifest["levels"],
-        events_read=manifest["events_read"],
-        seconds=time.perf_counter() - t0,
-        workers=n_workers,
-        reused=[s["path"] for s in keep],
-    )
+    return _report(root, manifest, t0, n_workers, [s["path"] for s in keep])
 
 
 __all__ = ["ImportReport", "TraceFormatError", "expand_sources", "import_traces"]
