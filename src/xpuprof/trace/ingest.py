@@ -355,9 +355,10 @@ def _run(
         # start in 0.1 s with pyarrow, numpy and msgspec loaded, instead of spawning fresh
         # interpreters that import everything again (about 0.8 s before the first file).
         import xpuprof.formats.kineto  # noqa: F401
-        import xpuprof.formats.proto.xplane_pb2  # noqa: F401
-        import xpuprof.formats.xplane  # noqa: F401
         import xpuprof.trace.build  # noqa: F401
+
+        if any(".xplane.pb" in p.name for p, _ in jobs):  # protobuf only where it is needed
+            import xpuprof.formats.proto.xplane_pb2  # noqa: F401
 
         method = "fork" if "fork" in _start_methods() else "spawn"
         with dask.config.set({"distributed.worker.multiprocessing-method": method}):
