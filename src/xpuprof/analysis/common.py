@@ -1,0 +1,132 @@
+"""What every analysis needs: selecting events, classifying device work, interval arithmetic,
+and saying plainly what could not be computed.
+
+Analyses are pure functions ``(Trace, options) -> DataFrame`` (or a small dataclass of them);
+they never print and never parse files. Interval arithmetic is vectorized numpy over sorted
+arrays: the busy time of a GPU stream with a million kernels is one sort and one cumulative
+maximum, not a Python loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from xpuprof.trace.trace import Trace
+
+#: HTA's kernel types (hta/common/trace_parser ... KernelType): communication (NCCL/RCCL
+#: collectives), memory (memcpy/memset), computation (every other kernel), other.
+COMMUNICATION, MEMORY, COMPUTATION, OTHER = "COMMUNICATION", "MEMORY", "COMPUTATION", "OTHER"
+
+#: Levels of work that runs on a device.
+DEVICE_LEVELS = ("kernel", "collective", "memcpy", "memset")
+
+
+@dataclass
+class Result:
+    """A tool's tables plus the notes a user must read with them: what could not be computed
+    and why (no device events, no steps, no shapes…), never a silently wrong number."""
+
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        return self.tables[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tables": {k: v.to_dict(orient="records") for k, v in self.tables.items()},
+            "notes": self.notes,
+        }
+
+
+def where_clause(
+    ranks: Iterable[int] | None = None,
+    steps: Iterable[int] | None = None,
+    levels: Iterable[str] | None = None,
+    alias: str = "",
+) -> str:
+    """SQL predicate for the usual filters (an empty filter is ``true``)."""
+    p = f"{alias}." if alias else ""
+    parts = ["true"]
+    if ranks is not None:
+        parts.append(f"{p}rank in ({', '.join(str(int(r)) for r in ranks)})")
+    if steps is not None:
+        parts.append(f"{p}step in ({', '.join(str(int(s)) for s in steps)})")
+    if levels is not None:
+        parts.append(f"{p}level in ({', '.join(repr(str(lv)) for lv in levels)})")
+    return " and ".join(parts)
+
+
+def events(
+    trace: Trace,
+    columns: Iterable[str] = ("id", "rank", "pid", "tid", "device", "stream", "level", "name",
+                              "ts", "dur", "parent", "correlation", "step"),
+    ranks: Iterable[int] | None = None,
+    steps: Iterable[int] | None = None,
+    levels: Iterable[str] | None = None,
+) -> pd.DataFrame:  # fmt: skip
+    """Selected columns of the events table as pandas, filtered in DuckDB (only what is asked
+    for is read from Parquet)."""
+    cols = ", ".join(columns)
+    return trace.sql(
+        f"select {cols} from events where {where_clause(ranks, steps, levels)} order by ts"
+    )
+
+
+def kernel_type(level: pd.Series, name: pd.Series) -> pd.Series:
+    """HTA's kernel type of device events (communication, memory, computation, other)."""
+    lv = level.astype(str)
+    out = np.full(len(lv), OTHER, dtype=object)
+    out[(lv == "kernel").to_numpy()] = COMPUTATION
+    comm = (lv == "collective") | name.astype(str).str.contains("nccl", case=False)
+    out[((lv == "memcpy") | (lv == "memset")).to_numpy()] = MEMORY
+    out[comm.to_numpy() & (lv.isin(DEVICE_LEVELS)).to_numpy()] = COMMUNICATION
+    return pd.Series(out, index=level.index, dtype="string")
+
+
+def merge_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of [start, end) intervals as sorted, disjoint intervals."""
+    if len(start) == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    o = np.argsort(start, kind="stable")
+    s = np.asarray(start, np.int64)[o]
+    e = np.asarray(end, np.int64)[o]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > reach[:-1]
+    starts = s[new]
+    idx = np.flatnonzero(new)
+    ends = np.maximum.reduceat(e, idx) if len(idx) else e
+    # reduceat gives the max end within each group of overlapping intervals
+    return starts, ends
+
+
+def union_length(start: np.ndarray, end: np.ndarray) -> int:
+    s, e = merge_intervals(start, end)
+    return int((e - s).sum())
+
+
+def intersection_length(
+    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
+) -> int:
+    """Length of (union of a) ∩ (union of b); both given as merged, disjoint intervals."""
+    a_s, a_e = a
+    b_s, b_e = b
+    if not len(a_s) or not len(b_s):
+        return 0
+    # sweep: at each boundary count how many of the two unions are open
+    pts = np.concatenate([a_s, a_e, b_s, b_e])
+    delta = np.concatenate(
+        [np.ones(len(a_s)), -np.ones(len(a_e)), np.ones(len(b_s)), -np.ones(len(b_e))]
+    ).astype(np.int64)
+    o = np.lexsort((delta, pts))  # ends before starts at the same time: [s, e) intervals
+    pts, delta = pts[o], delta[o]
+    depth = np.cumsum(delta)
+    both = depth[:-1] == 2
+    return int((np.diff(pts)[both]).sum())
