@@ -427,6 +427,109 @@ def demo(
             out.print(t)
 
 
+# ----------------------------------------------------------------------------------------------
+# analysis commands: each runs one tool of xpuprof.analysis and renders its Result
+# ----------------------------------------------------------------------------------------------
+
+
+def _parse_list(text: str | None) -> list[int] | None:
+    """``3``, ``3,5,9`` or ``3-7`` (inclusive) → a list of ints; None stays None."""
+    if text is None:
+        return None
+    out: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+    except ValueError:
+        raise XpuprofError(f"not a list of numbers: {text!r} (use e.g. 3, 3,5 or 3-7)") from None
+    return out
+
+
+def _render_df(df: Any, title: str, limit: int) -> Table:
+    t = Table(title=title, title_justify="left")
+    for c in df.columns:
+        t.add_column(str(c), justify="right" if df[c].dtype.kind in "iuf" else "left")
+    for row in df.head(limit).itertuples(index=False):
+        cells = []
+        for v in row:
+            if isinstance(v, float):
+                cells.append(f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}")
+            elif v is None:
+                cells.append("")
+            else:
+                cells.append(str(v))
+        t.add_row(*cells)
+    return t
+
+
+def render_result(res: Any, as_json: bool, limit: int = 20) -> None:
+    """Print a tool's Result: each table, then its notes (or one JSON document)."""
+    if as_json:
+        _print_json(res.to_dict())
+        return
+    for name, df in res.tables.items():
+        out.print(_render_df(df, name, limit))
+        if len(df) > limit:
+            out.print(f"({len(df):,} rows, first {limit} shown; --limit N or --json for all)")
+    for note in res.notes:
+        out.print(f"[yellow]note:[/] {escape(note)}")
+
+
+def run_tool(store: Path, fn: Any, as_json: bool, limit: int, **kwargs: Any) -> None:
+    from xpuprof.trace.trace import load
+
+    try:
+        with load(store) as trace:
+            res = fn(trace, **kwargs)
+    except XpuprofError as e:
+        _fail(e)
+    render_result(res, as_json, limit)
+
+
+_STORE = typer.Argument(..., help="Store directory (or a trace file, imported on the fly).")
+_RANK = typer.Option(None, "--rank", help="Ranks: 0, 0,2 or 0-3 (default: all).")
+_STEPS = typer.Option(None, "--steps", help="Steps: 5, 5,6 or 5-9 (default: all).")
+_JSON = typer.Option(False, "--json", help="Print one JSON document.")
+_LIMIT = typer.Option(20, "--limit", help="Rows to print per table.")
+
+
+@app.command("input")
+def input_cmd(
+    store: Path = _STORE,
+    rank: str = _RANK,
+    steps: str = _STEPS,
+    pattern: str = typer.Option(None, "--pattern", help="Regex naming the input spans."),
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """Input pipeline: time each step waits for data, classified as XProf does."""
+    from xpuprof.analysis.input_pipeline import input_pipeline
+
+    run_tool(store, input_pipeline, as_json, limit, ranks=_parse_list(rank),
+             steps=_parse_list(steps), pattern=pattern)  # fmt: skip
+
+
+@app.command("diff")
+def diff_cmd(
+    baseline: Path = typer.Argument(..., help="Baseline store (or trace file)."),
+    new: Path = typer.Argument(..., help="New store (or trace file)."),
+    steps: str = _STEPS,
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """Ops and kernels added, removed and changed between two traces, and the step-time delta."""
+    from xpuprof.analysis.diff import diff
+    from xpuprof.trace.trace import load
+
+    try:
+        with load(baseline) as a, load(new) as b:
+            res = diff(a, b, steps=_parse_list(steps))
+    except XpuprofError as e:
+        _fail(e)
+    render_result(res, as_json, limit)
+
+
 def main() -> None:
     # Arrow's default allocator (mimalloc) keeps freed memory for reuse: importing a 2 GB trace
     # peaked at 4.5 GB with it and at 3.5 GB with the system allocator, which was also no
