@@ -1,0 +1,649 @@
+"""Roofline: where each op and kernel sits against the compute and memory roofs of its device.
+
+For a piece of work with ``F`` FLOPs moving ``B`` bytes in time ``t`` on a device with peak
+``P`` FLOP/s (for its precision) and memory bandwidth ``W`` bytes/s:
+
+* arithmetic intensity ``I = F / B`` (FLOP/byte); the ridge point is ``P / W``;
+* the roof at ``I`` is ``min(P, I·W)``; work left of the ridge is **memory**-bound, right of it
+  **compute**-bound;
+* achieved FLOP/s ``F / t`` and bandwidth ``B / t``; **% of roof** = achieved / roof
+  = max(``F/t/P``, ``B/t/W``) — the larger of the two utilisations, defined even for ``F = 0``
+  (copies). Without bytes only the compute roof applies (bound "unknown", % of ``P``).
+
+**Ops** (``ops`` table): framework ops with FLOPs, summed without double counting — the outermost
+op of each nest (``xpuprof.trace.flops.outermost``: ``aten::linear`` and not its ``aten::addmm``
+child), since ``events.flops``/``bytes`` are inclusive. Time is the device time of the kernels,
+copies and sets the op launched (runtime call → kernel by correlation id, runtime call → op by its
+parent chain), or, for an op of a source with no device activity (a CPU trace), the op's own
+duration. Ops with neither FLOPs nor bytes (views, allocations) are left out; GPU ops whose
+launches were not captured are counted in a note.
+
+The **precision** of an op is its first floating-point input (``Input type``). GEMM-like kinds
+(``flops.EXACT_KINDS``: matmul, convolution, attention) are measured against the device's
+matrix rate for that precision (Tensor/Matrix Cores, MXU); fp32 GEMMs against the fp32 rate
+(PyTorch does not use TF32 for matmuls unless ``torch.backends.cuda.matmul.allow_tf32``: pass
+``tf32=True``), fp32 convolutions against TF32 where the device has it (cuDNN's default,
+``torch.backends.cudnn.allow_tf32 = True``). Every other op is measured against the vector
+fp32 rate (fp64 for doubles). ``DeviceSpec.peak`` documents the fallbacks.
+
+**Kernels** (``kernels`` table), where the trace itself counts FLOPs:
+
+* XLA ops of XPlane traces: the ``flops`` and ``bytes_accessed`` that XLA's cost analysis
+  attaches to each HLO op (event metadata stats); precision from ``shape_with_layout``. On
+  TPUs the roof is the single peak the device plane reports (``peak_teraflops_per_second``,
+  ``peak_hbm_bw_gigabytes_per_second``), as XProf does.
+* ``cuda_profiler_range`` events (CUPTI range profiler) carrying SASS instruction counters:
+  FLOPs = ``fadd + fmul + 2·ffma`` (fp32), ``dadd + dmul + 2·dfma`` (fp64), ``hadd + hmul +
+  2·hfma`` (fp16), each ``smsp__sass_thread_inst_executed_op_<op>_pred_on.sum`` — the
+  weighting of Nsight Compute's roofline sections and LIKWID's FLOPS_SP/DP/HP groups (an FMA is
+  two FLOPs). These counters see CUDA-core instructions only: Tensor Core work (HMMA/IMMA)
+  is not in them. Bytes come from ``dram__bytes_read.sum + dram__bytes_write.sum`` (or
+  ``dram__bytes.sum``) when recorded. The range profiler replays kernels, and the durations
+  it writes are the profiling range's, not the kernel's: when every range of a source has the
+  same duration, no rates are computed (a note says so).
+
+**Device**: the ``deviceProperties`` entry of the kernel's device (Kineto), the device plane
+(XPlane), matched with :func:`xpuprof.hardware.match`; the local CPU, calibrated by
+:func:`xpuprof.hardware.local_cpu`, for sources without device activity; or ``device=`` for all.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from xpuprof.analysis.common import Result
+from xpuprof.analysis.memory import ancestor, host_tree, level_mask
+from xpuprof.errors import XpuprofError
+from xpuprof.hardware import specs as hw
+
+if TYPE_CHECKING:
+    from xpuprof.hardware.specs import DeviceSpec
+    from xpuprof.trace.trace import Trace
+
+#: ``Input type`` spellings (c10 type names) → precision.
+TORCH_DTYPES = {
+    "float": "fp32",
+    "double": "fp64",
+    "c10::Half": "fp16",
+    "c10::BFloat16": "bf16",
+    "c10::Float8_e4m3fn": "fp8",
+    "c10::Float8_e5m2": "fp8",
+    "c10::Float8_e4m3fnuz": "fp8",
+    "c10::Float8_e5m2fnuz": "fp8",
+    "c10::complex<float>": "fp32",
+    "c10::complex<double>": "fp64",
+    "c10::complex<c10::Half>": "fp16",
+}
+
+#: XLA element types (``shape_with_layout`` prefixes) → precision.
+XLA_DTYPES = {"f64": "fp64", "f32": "fp32", "bf16": "bf16", "f16": "fp16", "s8": "int8",
+              "u8": "int8", "f8e4m3fn": "fp8", "f8e5m2": "fp8", "f8e4m3": "fp8",
+              "f8e4m3fnuz": "fp8", "f8e5m2fnuz": "fp8", "c64": "fp32", "c128": "fp64"}  # fmt: skip
+
+#: CUPTI SASS counters: precision → (add, mul, fma) metric names.
+CUPTI_COUNTERS = {
+    p: tuple(f"smsp__sass_thread_inst_executed_op_{c}{op}_pred_on.sum" for op in ("add", "mul",
+             "fma"))
+    for p, c in (("fp64", "d"), ("fp32", "f"), ("fp16", "h"))
+}  # fmt: skip
+
+OP_COLUMNS = ["rank", "part", "step", "id", "name", "kind", "dtype", "device", "flops", "bytes",
+              "intensity", "time_ns", "time_source", "achieved_flops", "achieved_bandwidth",
+              "peak_flops", "peak_key", "peak_bandwidth", "ridge", "roof", "bound",
+              "pct_of_roof"]  # fmt: skip
+KERNEL_COLUMNS = ["rank", "part", "device_index", "id", "name", "source", "category", "dtype",
+                  "device", "flops", "bytes", "intensity", "time_ns", "achieved_flops",
+                  "achieved_bandwidth", "peak_flops", "peak_key", "peak_bandwidth", "ridge",
+                  "roof", "bound", "pct_of_roof"]  # fmt: skip
+
+
+def _first_float(types: Any) -> str:
+    if isinstance(types, list):
+        for t in types:
+            if isinstance(t, str) and t in TORCH_DTYPES:
+                return TORCH_DTYPES[t]
+    return "fp32"
+
+
+def _xla_dtype(shape: Any) -> str:
+    if isinstance(shape, str):
+        m = re.match(r"\(?\s*([a-z0-9]+)\[", shape)
+        if m:
+            return XLA_DTYPES.get(m.group(1), "fp32")
+    return "fp32"
+
+
+class _Devices:
+    """Resolves (part, device index) → DeviceSpec, remembering what it could not resolve."""
+
+    def __init__(self, trace: Trace, device: Any, calibrate: bool) -> None:
+        self.meta = trace.meta
+        self.sources = {s["part"]: s for s in self.meta["sources"]}
+        self.calibrate = calibrate
+        self.cache: dict[tuple[int, int], tuple[DeviceSpec | None, str]] = {}
+        self.unknown: set[str] = set()
+        self.forced: DeviceSpec | None = None
+        self.cpu_used = False
+        if device is not None:
+            if isinstance(device, hw.DeviceSpec):
+                self.forced = device
+            else:
+                spec = hw.match(str(device))
+                if spec is None:
+                    raise XpuprofError(
+                        f"unknown device {device!r}; known: {', '.join(hw.SPECS)} "
+                        "(or a name such as 'NVIDIA A100-SXM4-80GB')"
+                    )
+                self.forced = spec
+        self._cpu: DeviceSpec | None = None
+
+    def cpu(self) -> DeviceSpec | None:
+        if not self.calibrate:
+            return None
+        if self._cpu is None:
+            from xpuprof.hardware.calibrate import local_cpu
+
+            self._cpu = local_cpu()
+        self.cpu_used = True
+        return self._cpu
+
+    def get(self, part: int, index: int) -> tuple[DeviceSpec | None, str]:
+        if self.forced is not None:
+            return self.forced, "device= argument"
+        key = (int(part), int(index))
+        if key not in self.cache:
+            self.cache[key] = self._resolve(*key)
+        return self.cache[key]
+
+    def _resolve(self, part: int, index: int) -> tuple[DeviceSpec | None, str]:
+        if index < 0:
+            return self.cpu(), "local CPU calibration"
+        src = self.sources.get(part, {})
+        meta = src.get("meta", {}) or {}
+        for plane in meta.get("planes", []) or []:
+            if plane.get("kind") == "device" and plane.get("device") == index:
+                return self._from_plane(plane)
+        props_list = self.meta["device_properties"].get(part) or []
+        props = next((p for p in props_list if p.get("id") == index), None)
+        if props is None and len(props_list) == 1:
+            props = props_list[0]
+        if props is None:
+            self.unknown.add(f"device {index} of source {part}: no deviceProperties entry")
+            return None, "unknown"
+        spec = hw.match(props.get("name"), props)
+        if spec is None:
+            self.unknown.add(f"{props.get('name')!r} (not in the hardware table)")
+            return None, "unknown"
+        return spec, f"deviceProperties {props.get('name')!r}"
+
+    def _from_plane(self, plane: dict[str, Any]) -> tuple[DeviceSpec | None, str]:
+        import dataclasses
+
+        stats = plane.get("stats", {}) or {}
+        name = stats.get("device_type_string") or plane.get("name")
+        spec = hw.match(name)
+        tf = stats.get("peak_teraflops_per_second")
+        bw = stats.get("peak_hbm_bw_gigabytes_per_second")
+        if isinstance(tf, (int, float)) and tf > 0 and isinstance(bw, (int, float)) and bw > 0:
+            base = spec or hw.DeviceSpec(
+                key="xplane-device", name=str(name), vendor="", kind="tpu" if "tpu" in
+                str(name).lower() else "gpu", flops={}, memory_bandwidth=bw * 1e9)  # fmt: skip
+            flops = dict(base.flops)
+            flops["bf16"] = tf * 1e12
+            spec = dataclasses.replace(
+                base,
+                flops=flops,
+                memory_bandwidth=bw * 1e9,
+                source=f"XPlane plane stats of {plane.get('name')} "
+                f"({base.source or 'no table entry'})",
+            )
+            return spec, f"XPlane {name!r} plane stats"
+        if spec is None:
+            self.unknown.add(f"{name!r} (not in the hardware table)")
+            return None, "unknown"
+        return spec, f"XPlane {name!r}"
+
+
+def _metrics(df: pd.DataFrame, specs: list[DeviceSpec | None], matrix: np.ndarray) -> None:
+    """Fill the roofline columns of ``df`` (flops, bytes, time_ns, dtype already present)."""
+    n = len(df)
+    peak = np.full(n, np.nan)
+    peak_key = np.full(n, None, dtype=object)
+    bw = np.full(n, np.nan)
+    names = np.full(n, None, dtype=object)
+    dt = df["dtype"].to_numpy()
+    # one peak() call per distinct (device, precision, matrix) combination
+    sid = np.array([id(s) for s in specs], dtype=np.int64) if n else np.empty(0, np.int64)
+    by_id = {id(s): s for s in specs}
+    combos = pd.DataFrame({"s": sid, "d": dt, "m": np.asarray(matrix, bool)})
+    codes, uniq = pd.factorize(pd.MultiIndex.from_frame(combos)) if n else ([], [])
+    for c, (s_id, d, m) in enumerate(uniq):
+        s = by_id[s_id]
+        if s is None:
+            continue
+        rows = codes == c
+        p, k = s.peak(d, matrix=bool(m))
+        peak[rows] = np.nan if p is None else p
+        peak_key[rows] = k
+        bw[rows] = s.memory_bandwidth
+        names[rows] = s.name
+    f = df["flops"].to_numpy(float)
+    b = df["bytes"].to_numpy(float)
+    t = df["time_ns"].to_numpy(float) * 1e-9
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inten = np.where(b > 0, f / b, np.nan)
+        af = np.where(t > 0, f / t, np.nan)
+        ab = np.where(t > 0, b / t, np.nan)
+        ridge = peak / bw
+        roof = np.where(np.isnan(inten), peak, np.minimum(peak, inten * bw))
+        roof = np.where((b > 0) & (f == 0), 0.0, roof)
+        util_c = af / peak
+        util_m = ab / bw
+        pct = 100 * np.where(np.isnan(util_m), util_c, np.fmax(util_c, util_m))
+    bound = np.where(
+        np.isnan(inten) | np.isnan(ridge), "unknown", np.where(inten >= ridge, "compute", "memory")
+    )
+    df["device"] = names
+    df["intensity"] = inten
+    df["achieved_flops"] = af
+    df["achieved_bandwidth"] = ab
+    df["peak_flops"] = peak
+    df["peak_key"] = peak_key
+    df["peak_bandwidth"] = bw
+    df["ridge"] = ridge
+    df["roof"] = roof
+    df["bound"] = np.where(np.isnan(peak) & np.isnan(bw), "unknown", bound)
+    df["pct_of_roof"] = pct
+
+
+def roofline(
+    trace: Trace,
+    device: Any = None,
+    *,
+    ranks: list[int] | None = None,
+    steps: list[int] | None = None,
+    tf32: bool = False,
+    calibrate: bool = True,
+) -> Result:
+    """Roofline placement of ops and kernels (module docstring for every rule).
+
+    ``device``: a :class:`~xpuprof.hardware.DeviceSpec`, a table key (``"h100-sxm"``) or a
+    device name, used for every event instead of the trace's own devices ("what would this
+    trace's work look like against an H200's roofs"). ``calibrate=False`` skips the CPU
+    micro-benchmark (CPU ops then have no roof). Tables: ``ops``, ``by_name`` (ops grouped by
+    name, precision and device, largest device time first), ``kernels`` and ``devices``.
+    """
+    from xpuprof.trace.flops import EXACT_KINDS, op_kind, outermost
+
+    res = Result()
+    devs = _Devices(trace, device, calibrate)
+
+    # -- ops ---------------------------------------------------------------------------------
+    tree = host_tree(trace, columns=("rank", "ts", "dur", "flops", "bytes", "step", "correlation"))
+    flops = tree["flops"]
+    is_op = level_mask(tree, "op")
+    has = is_op & ~np.isnan(flops)
+    outer = outermost(has, tree["par"])
+    outer &= ~((flops == 0) & ~(tree["bytes"] > 0))  # views and allocations: no work at all
+    sel = outer.copy()
+    if ranks is not None:
+        sel &= np.isin(tree["rank"], list(ranks))
+    if steps is not None:
+        sel &= np.isin(tree["step"], list(steps))
+    op_rows = np.flatnonzero(sel)
+
+    dev_parts = trace.sql(
+        "select part, count(*) n from events where level in "
+        "('kernel','memcpy','memset','collective') group by part"
+    )
+    parts_with_device = set(int(p) for p in dev_parts["part"])
+    kern = trace.sql(
+        "select part, correlation, dur, device from events where level in "
+        "('kernel','memcpy','memset') and correlation is not null and dur is not null"
+    )
+    rt_mask = level_mask(tree, "runtime") & (tree["correlation"] >= 0)
+    rt_rows = np.flatnonzero(rt_mask)
+    op_time = np.zeros(len(tree["id"]), np.float64)
+    op_dev = np.full(len(tree["id"]), -1, np.int64)
+    op_nk = np.zeros(len(tree["id"]), np.int64)
+    if len(kern) and len(rt_rows):
+        rt = pd.DataFrame(
+            {
+                "part": tree["part"][rt_rows],
+                "correlation": tree["correlation"][rt_rows],
+                "row": rt_rows,
+            }
+        ).drop_duplicates(["part", "correlation"])
+        k = kern.merge(rt, on=["part", "correlation"], how="inner")
+        if len(k):
+            owner = ancestor(tree["par"], k["row"].to_numpy(np.int64), outer)
+            ok = owner >= 0
+            np.add.at(op_time, owner[ok], k["dur"].to_numpy(float)[ok])
+            np.add.at(op_nk, owner[ok], 1)
+            op_dev[owner[ok]] = k["device"].to_numpy(np.int64)[ok]
+
+    part_arr = tree["part"][op_rows]
+    on_device = np.isin(part_arr, list(parts_with_device))
+    time_ns = np.where(on_device, op_time[op_rows], tree["dur"][op_rows].astype(float))
+    time_ns = np.where(on_device & (op_nk[op_rows] == 0), np.nan, time_ns)
+    names = np.where(
+        tree["name"][op_rows] >= 0, tree["name_dict"][np.maximum(tree["name"][op_rows], 0)], None
+    )
+    ids = tree["id"][op_rows]
+    dtypes = _op_dtypes(trace, ids)
+    kind_of = {nm: op_kind(str(nm)) for nm in set(names.tolist())}
+    kinds = np.array([kind_of[nm] for nm in names.tolist()], dtype=object)
+    matrix = np.isin(kinds, list(EXACT_KINDS))
+    dev_index = np.where(on_device, op_dev[op_rows], -1)
+    ops = pd.DataFrame(
+        {
+            "rank": pd.array(np.where(tree["rank"][op_rows] >= 0, tree["rank"][op_rows], None),
+                             dtype="Int64"),
+            "part": part_arr,
+            "step": pd.array(np.where(tree["step"][op_rows] >= 0, tree["step"][op_rows], None),
+                             dtype="Int64"),
+            "id": ids,
+            "name": names,
+            "kind": kinds,
+            "dtype": dtypes,
+            "flops": flops[op_rows],
+            "bytes": tree["bytes"][op_rows],
+            "time_ns": time_ns,
+            "time_source": np.where(on_device, "device kernels", "op duration (host)"),
+        }
+    )  # fmt: skip
+    # tf32 for fp32 GEMMs on request, fp32 convolutions by cuDNN's default
+    tf = (ops["dtype"] == "fp32") & (((ops["kind"] == "matmul") & tf32) | (ops["kind"] == "conv"))
+    specs = []
+    for p, d in zip(part_arr.tolist(), dev_index.tolist(), strict=True):
+        s, _ = devs.get(p, d) if (d >= 0 or p not in parts_with_device) else (None, "")
+        specs.append(s)
+    has_tf32 = np.array([s is not None and "tf32" in s.flops for s in specs], dtype=bool)
+    ops.loc[tf & has_tf32, "dtype"] = "tf32"
+    inferred = _infer_tf32(ops, specs, matrix, has_tf32)
+    _metrics(ops, specs, matrix)
+    ops = ops[OP_COLUMNS]
+    res.tables["ops"] = ops.reset_index(drop=True)
+    res.tables["by_name"] = _by_name(ops, specs, matrix)
+
+    if inferred:
+        res.notes.append(
+            f"{inferred} fp32 GEMM-like ops ran faster than the device's fp32 peak, which only "
+            "TF32 Tensor Cores allow (torch.backends.cuda.matmul.allow_tf32 / "
+            "torch.set_float32_matmul_precision): they are measured against the TF32 roof."
+        )
+    # -- kernels with FLOPs from the trace ----------------------------------------------------
+    res.tables["kernels"] = _kernels(trace, devs, res, ranks, steps)
+
+    no_launch = int((on_device & np.isnan(time_ns)).sum())
+    if not len(ops):
+        res.notes.append(
+            "no framework-op FLOPs: the trace records no input shapes (torch.profiler "
+            "record_shapes=True, or xpuprof.profile(level='full')), or its ops are not ones "
+            "xpuprof can cost (xpuprof.trace.flops.supported_ops()); the ops table is empty"
+            + (
+                " (kernel-level FLOPs from the trace are in the kernels table)."
+                if len(res.tables["kernels"])
+                else "."
+            )
+        )
+    if no_launch:
+        res.notes.append(
+            f"{no_launch} ops with FLOPs launched no kernel the trace recorded (CPU-side work in a "
+            "GPU trace, or launches outside the capture): they have no device time, so no "
+            "achieved rate."
+        )
+
+    # -- devices and notes --------------------------------------------------------------------
+    rows = []
+    for (part, idx), (s, how) in sorted(devs.cache.items()):
+        rows.append(_device_row(part, idx, s, how))
+    if devs.forced is not None:
+        rows.append(_device_row(None, None, devs.forced, "device= argument"))
+    res.tables["devices"] = pd.DataFrame(
+        rows,
+        columns=[
+            "part",
+            "device_index",
+            "key",
+            "name",
+            "source_of_match",
+            "peak_tflops",
+            "memory_bandwidth",
+            "memory_bytes",
+            "spec_source",
+        ],
+    )
+    if devs.unknown:
+        res.notes.append(
+            "device not in the hardware table, so no roof for its work: "
+            + "; ".join(sorted(devs.unknown))
+            + " (pass device= to choose one; xpuprof.hardware.SPECS lists them)."
+        )
+    if devs.cpu_used:
+        res.notes.append(
+            "CPU work is measured against this machine's calibrated CPU "
+            "(xpuprof.hardware.local_cpu); a CPU trace recorded on another machine should be "
+            "read with device= set to a spec of that machine."
+        )
+    if not calibrate and (~on_device).any():
+        res.notes.append("calibrate=False: CPU ops have no roof.")
+    return res
+
+
+def _infer_tf32(
+    ops: pd.DataFrame, specs: list[Any], matrix: np.ndarray, has_tf32: np.ndarray
+) -> int:
+    """Mark as TF32 the fp32 GEMM-like ops whose achieved rate exceeds the fp32 peak."""
+    cand = np.flatnonzero(matrix & has_tf32 & (ops["dtype"].to_numpy() == "fp32"))
+    if not len(cand):
+        return 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ach = ops["flops"].to_numpy(float)[cand] / (ops["time_ns"].to_numpy(float)[cand] * 1e-9)
+    p32 = np.array([specs[i].peak("fp32", matrix=True)[0] or np.inf for i in cand])
+    over = cand[ach > p32]
+    ops.iloc[over, ops.columns.get_loc("dtype")] = "tf32"
+    return len(over)
+
+
+def _device_row(part: Any, idx: Any, s: DeviceSpec | None, how: str) -> dict[str, Any]:
+    return {
+        "part": part,
+        "device_index": idx,
+        "key": s.key if s else None,
+        "name": s.name if s else None,
+        "source_of_match": how,
+        "peak_tflops": {k: v / 1e12 for k, v in s.flops.items()} if s else None,
+        "memory_bandwidth": s.memory_bandwidth if s else None,
+        "memory_bytes": s.memory_bytes if s else None,
+        "spec_source": s.source if s else None,
+    }
+
+
+def _op_dtypes(trace: Trace, ids: np.ndarray) -> np.ndarray:
+    """Precision of each op from its recorded ``Input type`` (fp32 when unknown)."""
+    import msgspec
+    import pyarrow as pa
+
+    if not len(ids):
+        return np.empty(0, dtype=object)
+    con = trace.con
+    con.register("_xpuprof_roofline_ids", pa.table({"id": pa.array(ids, pa.int64())}))
+    try:
+        got = con.execute(
+            """select e.id, json_extract(e.args, '$."Input type"')::varchar as types
+               from events e join _xpuprof_roofline_ids i on e.id = i.id"""
+        ).fetchnumpy()
+    finally:
+        con.unregister("_xpuprof_roofline_ids")
+    memo: dict[Any, str] = {}
+
+    def prec(text: Any) -> str:
+        if text not in memo:
+            try:
+                memo[text] = _first_float(msgspec.json.decode(text)) if text else "fp32"
+            except msgspec.DecodeError:
+                memo[text] = "fp32"
+        return memo[text]
+
+    got_ids = np.asarray(got["id"], np.int64)
+    got_prec = np.array([prec(t) for t in got["types"].tolist()], dtype=object)
+    out = np.full(len(ids), "fp32", dtype=object)
+    order = np.argsort(got_ids)
+    pos = np.clip(np.searchsorted(got_ids[order], ids), 0, max(len(got_ids) - 1, 0))
+    if len(got_ids):
+        hit = got_ids[order][pos] == ids
+        out[hit] = got_prec[order][pos][hit]
+    return out
+
+
+def _by_name(ops: pd.DataFrame, specs: list[Any], matrix: np.ndarray) -> pd.DataFrame:
+    cols = ["name", "kind", "dtype", "device", "count", "flops", "bytes", "time_ns", "intensity",
+            "achieved_flops", "achieved_bandwidth", "peak_flops", "peak_bandwidth", "ridge",
+            "roof", "bound", "pct_of_roof", "share_of_time"]  # fmt: skip
+    timed = ops[ops["time_ns"].notna()]
+    if not len(timed):
+        return pd.DataFrame(columns=cols)
+    g = (
+        timed.assign(device=timed["device"].fillna("(unknown)"))
+        .groupby(["name", "kind", "dtype", "device"], dropna=False)
+        .agg(
+            count=("id", "size"),
+            flops=("flops", "sum"),
+            bytes=("bytes", lambda s: s.sum(min_count=len(s))),
+            time_ns=("time_ns", "sum"),
+            peak_flops=("peak_flops", "first"),
+            peak_bandwidth=("peak_bandwidth", "first"),
+        )
+        .reset_index()
+    )
+    f, b, t = g["flops"], g["bytes"], g["time_ns"] * 1e-9
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g["intensity"] = np.where(b > 0, f / b, np.nan)
+        g["achieved_flops"] = np.where(t > 0, f / t, np.nan)
+        g["achieved_bandwidth"] = np.where(t > 0, b / t, np.nan)
+        g["ridge"] = g["peak_flops"] / g["peak_bandwidth"]
+        g["roof"] = np.where(
+            g["intensity"].isna(),
+            g["peak_flops"],
+            np.minimum(g["peak_flops"], g["intensity"] * g["peak_bandwidth"]),
+        )
+        uc = g["achieved_flops"] / g["peak_flops"]
+        um = g["achieved_bandwidth"] / g["peak_bandwidth"]
+        g["pct_of_roof"] = 100 * np.where(um.isna(), uc, np.fmax(uc, um))
+    g["bound"] = np.where(
+        g["intensity"].isna() | g["ridge"].isna(),
+        "unknown",
+        np.where(g["intensity"] >= g["ridge"], "compute", "memory"),
+    )
+    total = float(g["time_ns"].sum()) or 1.0
+    g["share_of_time"] = 100 * g["time_ns"] / total
+    return g.sort_values("time_ns", ascending=False)[cols].reset_index(drop=True)
+
+
+def _kernels(
+    trace: Trace,
+    devs: _Devices,
+    res: Result,
+    ranks: list[int] | None,
+    steps: list[int] | None,
+) -> pd.DataFrame:
+    from xpuprof.analysis.common import where_clause
+
+    w = where_clause(ranks=ranks, steps=steps)
+    frames = []
+    xla = trace.sql(
+        f"""select rank, part, device as device_index, id, name, category,
+               ts, dur as time_ns,
+               try_cast(json_extract(args, '$.flops') as double) as flops,
+               try_cast(json_extract(args, '$.bytes_accessed') as double) as bytes,
+               json_extract_string(args, '$.shape_with_layout') as shape,
+               json_extract_string(args, '$.hlo_category') as hlo
+            from events
+            where {w} and level = 'kernel' and lower(category) in ('xla_op', 'xla_op_cpu')"""
+    )
+    if len(xla):
+        xla = xla[(xla["flops"] > 0) | (xla["bytes"] > 0)].copy()
+        xla["source"] = "XLA cost analysis"
+        xla["dtype"] = [_xla_dtype(s) for s in xla["shape"]]
+        hlo = xla["hlo"].fillna("").str.lower()
+        nm = xla["name"].fillna("").str.lower()
+        xla["matrix"] = hlo.str.contains("convolution|dot") | nm.str.contains(
+            r"dot|gemm|matmul|conv|cublas"
+        )
+        xla["category"] = xla["hlo"].fillna(xla["category"])
+        frames.append(xla)
+    cupti = trace.sql(
+        f"""select rank, part, device as device_index, id, name, category, ts,
+               dur as time_ns, args
+            from events where {w} and lower(category) = 'cuda_profiler_range'"""
+    )
+    if len(cupti):
+        frames.append(_cupti(cupti, res))
+    if not frames:
+        return pd.DataFrame(columns=KERNEL_COLUMNS)
+    k = pd.concat(frames, ignore_index=True)
+    specs = []
+    for p, d in zip(k["part"].tolist(), k["device_index"].tolist(), strict=True):
+        specs.append(devs.get(int(p), int(d))[0])
+    _metrics(k, specs, k["matrix"].to_numpy(bool))
+    return (
+        k[KERNEL_COLUMNS]
+        .sort_values(["part", "time_ns"], ascending=[True, False])
+        .reset_index(drop=True)
+    )
+
+
+def _cupti(df: pd.DataFrame, res: Result) -> pd.DataFrame:
+    import msgspec
+
+    fl = np.full(len(df), np.nan)
+    by = np.full(len(df), np.nan)
+    dtype = np.full(len(df), "fp32", dtype=object)
+    for i, a in enumerate(df["args"].tolist()):
+        try:
+            args = msgspec.json.decode(a) if a else {}
+        except msgspec.DecodeError:
+            continue
+        per = {}
+        for prec, (add, mul, fma) in CUPTI_COUNTERS.items():
+            vals = [args.get(add), args.get(mul), args.get(fma)]
+            if any(isinstance(v, (int, float)) for v in vals):
+                a_, m_, f_ = (float(v) if isinstance(v, (int, float)) else 0.0 for v in vals)
+                per[prec] = a_ + m_ + 2 * f_
+        if per:
+            fl[i] = sum(per.values())
+            dtype[i] = max(per, key=lambda p: per[p]) if any(per.values()) else "fp32"
+        rd, wr, tot = (args.get(k) for k in ("dram__bytes_read.sum", "dram__bytes_write.sum",
+                                              "dram__bytes.sum"))  # fmt: skip
+        if isinstance(tot, (int, float)):
+            by[i] = float(tot)
+        elif isinstance(rd, (int, float)) or isinstance(wr, (int, float)):
+            by[i] = float(rd or 0) + float(wr or 0)
+    out = df.drop(columns=["args"]).copy()
+    out["flops"] = fl
+    out["bytes"] = by
+    out["dtype"] = dtype
+    out["source"] = "CUPTI SASS counters"
+    out["matrix"] = False
+    out = out[out["flops"].notna() | out["bytes"].notna()]
+    # the range profiler's durations are its replay ranges: identical for every kernel
+    same = out.groupby("part")["time_ns"].transform(lambda s: len(s) > 1 and s.nunique() == 1)
+    if bool(same.any()):
+        out.loc[same.astype(bool), "time_ns"] = np.nan
+        res.notes.append(
+            f"{int(same.sum())} cuda_profiler_range kernels share one duration per source (the "
+            "CUPTI range profiler replays each kernel and records the range, not the kernel "
+            "time): their FLOPs are reported, achieved rates are not."
+        )
+    if out["bytes"].isna().any() and len(out):
+        res.notes.append(
+            "CUPTI counter kernels without dram__bytes counters have no bytes: no intensity or "
+            "bound for them. Their FLOPs count CUDA-core instructions only (no Tensor Core "
+            "work)."
+        )
+    return out

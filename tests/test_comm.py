@@ -1,0 +1,285 @@
+"""Collectives, bus bandwidth, comm/compute overlap and cross-rank skew
+(``xpuprof.analysis.comm``).
+
+Bus bandwidth is checked by hand on a hand-written trace (nccl-tests' factors); the 8-rank DLRM
+job is checked against its raw JSON: the collective count of every rank, the type and size of
+each collective from the host annotation that launched it (found by correlation id and time
+containment, the way a reader of the JSON would), the skew and straggler of every collective,
+and the comm/compute overlap — which HTA 0.5.0 also reports for these files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import read_trace_json, shared, us_to_ns
+
+import xpuprof
+from xpuprof.analysis.comm import collectives, kernel_parts, normalize_collective
+
+MIB = 1 << 20
+
+
+def _kernel(name, ts, dur, stream, args=None):
+    a = {"device": 0, "stream": stream, "correlation": 0}
+    a.update(args or {})
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts,
+            "dur": dur, "args": a}  # fmt: skip
+
+
+def _coll(kind, n_in, n_out, dtype, group=4):
+    return {"Collective name": kind, "In msg nelems": n_in, "Out msg nelems": n_out,
+            "Group size": group, "dtype": dtype, "Process Group Name": "0",
+            "Process Group Ranks": str(list(range(group)))}  # fmt: skip
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    ev = [
+        _kernel(
+            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+            1000,
+            100,
+            20,
+            _coll("allreduce", MIB, MIB, "Float"),
+        ),
+        _kernel("gemm_kernel", 1050, 100, 7),  # overlaps the second half of the all-reduce
+        _kernel(
+            "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            2000,
+            50,
+            20,
+            _coll("all_gather", MIB // 4, MIB, "Float"),
+        ),
+        _kernel(
+            "ncclDevKernel_ReduceScatter_Sum_bf16_RING_SIMPLE(ncclDevKernelArgsStorage<4096ul>)",
+            3000,
+            25,
+            20,
+            _coll("reduce_scatter", MIB, MIB // 4, "BFloat16"),
+        ),
+    ]
+    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 4},
+           "traceEvents": ev}  # fmt: skip
+    src = tmp_path / "rank0.json"
+    src.write_text(json.dumps(doc))
+    xpuprof.import_traces([src], tmp_path / "s")
+    t = xpuprof.load(tmp_path / "s")
+    yield t
+    t.close()
+
+
+def test_names():
+    assert normalize_collective("allreduce") == "all_reduce"
+    assert normalize_collective("_allgather_base") == "all_gather"
+    assert normalize_collective("reduce_scatter_tensor_coalesced") == "reduce_scatter"
+    assert normalize_collective("nccl:all_to_all") == "all_to_all"
+    assert normalize_collective("alltoall_base") == "all_to_all"
+    assert normalize_collective("all-reduce") == "all_reduce"
+    assert normalize_collective("collective-permute") == "send_recv"
+    assert normalize_collective("broadcast") == "broadcast"
+    assert normalize_collective("aten::add") is None
+    old = kernel_parts("ncclKernel_AllReduce_RING_LL128_Sum_float(ncclDevComm*, ncclWork*)")
+    assert old == {"collective": "all_reduce", "algorithm": "RING", "protocol": "LL128"}
+    new = kernel_parts("ncclDevKernel_AllReduce_Sum_f32_TREE_SIMPLE(ncclDevKernelArgsStorage<8>)")
+    assert new == {"collective": "all_reduce", "algorithm": "TREE", "protocol": "SIMPLE"}
+    p2p = kernel_parts("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)")
+    assert p2p["collective"] == "send_recv" and p2p["algorithm"] is None
+    assert kernel_parts("ncclDevKernel_Generic(x)")["collective"] is None
+
+
+def test_busbw_by_hand(synthetic):
+    r = collectives(synthetic)
+    c = r["collectives"].set_index("collective")
+    n = 4
+    ar = c.loc["all_reduce"]
+    ar_bytes = MIB * 4  # 1 Mi floats = 4 MiB
+    ar_algbw = ar_bytes / 100e-6  # 41.9 GB/s
+    assert ar["bytes"] == ar_bytes and ar["group_size"] == n
+    assert ar["algbw"] == pytest.approx(ar_algbw)
+    assert ar["busbw_factor"] == pytest.approx(2 * (n - 1) / n)  # 1.5
+    assert ar["busbw"] == pytest.approx(ar_algbw * 1.5)  # 62.9 GB/s
+    assert (ar["algorithm"], ar["protocol"]) == ("RING", "LL")
+    assert ar["overlap_pct"] == pytest.approx(50.0)  # the GEMM covers [1050, 1100) of [1000, 1100)
+
+    ag = c.loc["all_gather"]
+    assert ag["bytes"] == MIB * 4  # the larger (gathered output) buffer, as nccl-tests' size
+    assert ag["busbw"] == pytest.approx(MIB * 4 / 50e-6 * (n - 1) / n)
+    assert (ag["algorithm"], ag["protocol"]) == ("RING", "LL")
+
+    rs = c.loc["reduce_scatter"]
+    assert rs["bytes"] == MIB * 2  # 1 Mi bf16 elements in
+    assert rs["busbw"] == pytest.approx(MIB * 2 / 25e-6 * 3 / 4)
+    assert (rs["algorithm"], rs["protocol"]) == ("RING", "SIMPLE")
+
+    ov = r["overlap"].iloc[0]
+    assert ov["comm_time_ns"] == (100 + 50 + 25) * 1000
+    assert ov["overlapped_ns"] == 50_000
+    assert ov["overlap_pct"] == pytest.approx(100 * 50 / 175)
+    s = r["summary"].set_index("collective")
+    assert s.loc["all_reduce", "busbw"] == pytest.approx(ar_algbw * 1.5)
+    assert "skew" not in r.tables and any("one participant" in x for x in r.notes)
+
+
+def test_no_collectives(tmp_path):
+    src = tmp_path / "x.json"
+    src.write_text(json.dumps({"traceEvents": [_kernel("gemm", 0, 10, 7)]}))
+    xpuprof.import_traces([src], tmp_path / "s")
+    with xpuprof.load(tmp_path / "s") as t:
+        r = collectives(t)
+        assert r["collectives"].empty and any("no collective" in n for n in r.notes)
+
+
+DTYPE_SIZE = {"Float": 4, "Long": 8}
+
+
+def test_a100_rank0_against_raw_args(tmp_path):
+    src = shared("kineto/gpu/a100_rank0of2_nccl.json.gz")
+    raw = [e for e in read_trace_json(src, exact=True)["traceEvents"]
+           if e.get("cat") == "kernel" and "nccl" in e["name"].lower()]  # fmt: skip
+    raw.sort(key=lambda e: e["ts"])
+    xpuprof.import_traces([src], tmp_path / "s")
+    with xpuprof.load(tmp_path / "s") as t:
+        c = collectives(t)["collectives"].sort_values("ts")
+    assert len(c) == len(raw) == 21
+    want_bytes = [max(e["args"]["In msg nelems"], e["args"]["Out msg nelems"])
+                  * DTYPE_SIZE[e["args"]["dtype"]] for e in raw]  # fmt: skip
+    assert c["bytes"].tolist() == want_bytes
+    assert c["collective"].tolist() == [
+        {"allreduce": "all_reduce", "broadcast": "broadcast"}[e["args"]["Collective name"]]
+        for e in raw
+    ]
+    assert (c["group_size"] == 2).all() and (c["busbw_factor"] == 1.0).all()  # 2(n-1)/n, n=2
+    assert c["dur"].tolist() == [us_to_ns(e["dur"]) for e in raw]
+    assert c["ts"].tolist() == [us_to_ns(e["ts"]) for e in raw]
+
+
+# -- the 8-rank DLRM job ----------------------------------------------------------------------
+
+
+def _dlrm_raw(files: list[Path]) -> dict[int, dict]:
+    """Per rank, from the JSON alone: NCCL kernels in time order, each with the type and bytes of
+    the nccl:* annotation enclosing the runtime call that launched it."""
+    sizes = {"float": 4, "int": 4, "long int": 8}
+    out = {}
+    for f in files:
+        doc = read_trace_json(f)
+        rank = doc["distributedInfo"]["rank"]
+        ev = doc["traceEvents"]
+        kern = sorted((e for e in ev if e.get("cat") == "kernel" and "nccl" in e["name"].lower()),
+                      key=lambda e: e["ts"])  # fmt: skip
+        rt = {e["args"]["correlation"]: e for e in ev if e.get("cat") == "cuda_runtime"
+              and "correlation" in e.get("args", {})}  # fmt: skip
+        ann = [e for e in ev if e.get("cat") == "user_annotation"
+               and e["name"].startswith("nccl:")]  # fmt: skip
+        rows = []
+        for k in kern:
+            r = rt[k["args"]["correlation"]]
+            enc = [a for a in ann if a["tid"] == r["tid"] and a["ts"] <= r["ts"]
+                   and a["ts"] + a["dur"] >= r["ts"] + r["dur"]]  # fmt: skip
+            a = max(enc, key=lambda a: a["ts"])
+            dims, types = a["args"]["Input Dims"][0], a["args"]["Input type"][0]
+            rows.append({"ts": us_to_ns(k["ts"]), "dur": us_to_ns(k["dur"]),
+                         "type": a["name"].split(":", 1)[1],
+                         "bytes": math.prod(dims) * sizes[types]})  # fmt: skip
+        gpu = [e for e in ev if e.get("cat") == "kernel"]
+        out[rank] = {"nccl": rows, "kernels": gpu}
+    return out
+
+
+def _union(iv):
+    iv = sorted(iv)
+    out = []
+    for s, e in iv:
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+@pytest.fixture(scope="module")
+def dlrm(tmp_path_factory):
+    d = shared("kineto/gpu/dlrm_8rank_v100")
+    files = sorted(d.glob("*.json.gz"))
+    store = tmp_path_factory.mktemp("dlrm") / "s"
+    xpuprof.import_traces(files, store)
+    t = xpuprof.load(store)
+    yield t, _dlrm_raw(files)
+    t.close()
+
+
+def test_dlrm_table_matches_the_raw_json(dlrm):
+    t, raw = dlrm
+    c = collectives(t, align="none")["collectives"]
+    assert sorted(c["rank"].unique().tolist()) == list(range(8))
+    for rank, info in raw.items():
+        mine = c[c["rank"] == rank].sort_values("ts")
+        assert len(mine) == len(info["nccl"]) == 8, rank
+        assert mine["ts"].tolist() == [x["ts"] for x in info["nccl"]]
+        assert mine["collective"].tolist() == [x["type"] for x in info["nccl"]]
+        assert mine["bytes"].tolist() == [x["bytes"] for x in info["nccl"]]
+        assert (mine["group_size"] == 8).all()  # world size: no group args in these files
+
+
+def test_dlrm_skew_and_stragglers(dlrm):
+    t, raw = dlrm
+    r = collectives(t, align="none")
+    skew = r["skew"].sort_values("seq").reset_index(drop=True)
+    starts = np.array([[x["ts"] for x in raw[k]["nccl"]] for k in range(8)])  # rank × seq
+    assert len(skew) == starts.shape[1] == 8
+    want_skew = starts.max(axis=0) - starts.min(axis=0)
+    assert skew["skew_ns"].tolist() == want_skew.tolist()
+    want_last = starts.argmax(axis=0)  # first rank among equal latest starts
+    assert skew["last_participant"].astype(int).tolist() == want_last.tolist()
+    st = r["stragglers"].set_index("participant")
+    counts = np.bincount(want_last, minlength=8)
+    for k in range(8):
+        assert st.loc[str(k), "times_last"] == counts[k]
+    assert st["times_last"].sum() == 8
+    assert r["clock"]["offset_ns"].eq(0).all()
+
+    # aligned on the ends: each rank shifted by the median end difference to rank 0
+    ends = starts + np.array([[x["dur"] for x in raw[k]["nccl"]] for k in range(8)])
+    off = np.array([int(np.median(ends[k] - ends[0])) for k in range(8)])
+    r2 = collectives(t)  # align="auto": hosts unknown → "end"
+    clock = r2["clock"].set_index("participant")
+    assert clock.loc["0", "method"] == "end"
+    assert [clock.loc[str(k), "offset_ns"] for k in range(8)] == off.tolist()
+    adj = starts - off[:, None]
+    sk2 = r2["skew"].sort_values("seq")
+    assert sk2["skew_ns"].tolist() == (adj.max(axis=0) - adj.min(axis=0)).tolist()
+
+
+#: HTA 0.5.0 ``TraceAnalysis(trace_dir=...).get_comm_comp_overlap()`` on the same eight files.
+HTA_OVERLAP_PCT = [4.50, 2.47, 7.88, 3.31, 0.56, 0.64, 7.56, 9.51]
+
+
+def test_dlrm_overlap_against_raw_json_and_hta(dlrm):
+    t, raw = dlrm
+    ov = collectives(t)["overlap"].set_index("participant")
+    for rank, info in raw.items():
+        comm = _union([(x["ts"], x["ts"] + x["dur"]) for x in info["nccl"]])
+        comp = _union([(us_to_ns(e["ts"]), us_to_ns(e["ts"]) + us_to_ns(e["dur"]))
+                       for e in info["kernels"] if "nccl" not in e["name"].lower()])  # fmt: skip
+        both = sum(max(0, min(b, d) - max(a, c)) for a, b in comm for c, d in comp)
+        total = sum(b - a for a, b in comm)
+        row = ov.loc[str(rank)]
+        assert row["comm_time_ns"] == total and row["overlapped_ns"] == both
+        assert round(row["overlap_pct"], 2) == HTA_OVERLAP_PCT[rank]
+
+
+def test_two_jobs_in_one_store_are_not_compared(tmp_path):
+    a = shared("kineto/gpu/a100_rank0of2_nccl.json.gz")
+    d = shared("kineto/gpu/dlrm_8rank_v100")
+    w0 = sorted(d.glob("worker0_*.json.gz"))[0]  # also rank 0
+    xpuprof.import_traces([a, w0], tmp_path / "s")
+    with xpuprof.load(tmp_path / "s") as t:
+        r = collectives(t)
+    assert "skew" not in r.tables
+    assert r["collectives"]["participant"].nunique() == 2
+    assert any("same rank" in n for n in r.notes)
