@@ -510,6 +510,100 @@ def input_cmd(
              steps=_parse_list(steps), pattern=pattern)  # fmt: skip
 
 
+@app.command("overview")
+def overview_cmd(
+    store: Path = _STORE,
+    rank: str = _RANK,
+    steps: str = _STEPS,
+    top: int = typer.Option(10, "--top", help="Top ops and kernels to list."),
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """Step time, where it goes (compute, communication, memcpy, input, host-bound idle), the
+    bottleneck, top ops and kernels, and the advisor's recommendations."""
+    from xpuprof.analysis.overview import overview
+
+    run_tool(store, overview, as_json, limit, ranks=_parse_list(rank),
+             steps=_parse_list(steps), top=top)  # fmt: skip
+
+
+@app.command("critical-path")
+def critical_path_cmd(
+    store: Path = _STORE,
+    rank: int = typer.Option(None, "--rank", help="One rank (default: the first)."),
+    steps: str = _STEPS,
+    annotation: str = typer.Option(None, "--annotation", help="Window: host spans named so."),
+    instance: int = typer.Option(0, "--instance", help="Which such span (0 = first)."),
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """The critical path through host and device events, each segment attributed."""
+    from xpuprof.analysis.critical_path import critical_path
+
+    run_tool(store, critical_path, as_json, limit, rank=rank, steps=_parse_list(steps),
+             annotation=annotation, instance=instance)  # fmt: skip
+
+
+@app.command("roofline")
+def roofline_cmd(
+    store: Path = _STORE,
+    rank: str = _RANK,
+    steps: str = _STEPS,
+    device: str = typer.Option(
+        None, "--device", help="Judge against this device (e.g. h200-sxm) instead of the trace's."
+    ),
+    tf32: bool = typer.Option(False, "--tf32", help="fp32 matmuls ran on TF32 tensor cores."),
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """Roofline: FLOPs, bytes, arithmetic intensity, achieved rates, bound and % of roof."""
+    from xpuprof.analysis.roofline import roofline
+
+    run_tool(store, roofline, as_json, limit, device=device, ranks=_parse_list(rank),
+             steps=_parse_list(steps), tf32=tf32)  # fmt: skip
+
+
+@app.command("memory")
+def memory_cmd(
+    store: Path = _STORE,
+    rank: str = _RANK,
+    device: str = typer.Option(None, "--device", help="cuda, cuda:1, cpu or a device index."),
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """Memory: allocation timeline, peak, and what is live at the peak by op and layer."""
+    from xpuprof.analysis.memory import memory_timeline
+
+    run_tool(store, memory_timeline, as_json, limit, device=device, ranks=_parse_list(rank))
+
+
+@app.command("comm")
+def comm_cmd(
+    store: Path = _STORE,
+    rank: str = _RANK,
+    steps: str = _STEPS,
+    align: str = typer.Option("auto", "--align", help="Clock alignment: auto, none, end."),
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """Communication: collectives with bus bandwidth, overlap with compute, cross-rank skew."""
+    from xpuprof.analysis.comm import collectives
+
+    run_tool(store, collectives, as_json, limit, ranks=_parse_list(rank),
+             steps=_parse_list(steps), align=align)  # fmt: skip
+
+
+@app.command("hardware")
+def hardware_cmd(as_json: bool = _JSON) -> None:
+    """The device table the roofline uses: peak FLOP/s per dtype, memory and link bandwidth."""
+    import pandas as pd
+
+    from xpuprof.analysis.common import Result
+    from xpuprof.hardware.specs import table
+
+    render_result(Result(tables={"devices": pd.DataFrame(table())}), as_json, limit=100)
+
+
 @app.command("diff")
 def diff_cmd(
     baseline: Path = typer.Argument(..., help="Baseline store (or trace file)."),
