@@ -261,3 +261,21 @@ def test_jax_program_profiled_with_its_xla_ops(tmp_path) -> None:
     assert per_step.iloc[0] == per_step.iloc[1] == per_step.iloc[2]
     assert ann.n[0] == 3
     assert meta["xpuprof_capture"]["framework"] == "jax"
+
+
+def test_no_op_straddles_the_end_of_its_layer_span(op_capture) -> None:
+    """Layer spans are read on torch's own profiler clock: an op that starts inside a module's
+    span ends inside it too (a module call is synchronous)."""
+    _, trace = op_capture
+    n = trace.sql(
+        "select count(*) as n from events o join events l on o.tid = l.tid "
+        "and l.level = 'layer' and json_extract_string(l.args, '$.pass') = 'forward' "
+        "and o.ts >= l.ts and o.ts < l.ts + l.dur and o.ts + o.dur > l.ts + l.dur "
+        "where o.level = 'op'"
+    ).n[0]
+    inside = trace.sql(
+        "select count(*) as n from events o join events l on o.tid = l.tid "
+        "and l.level = 'layer' and o.ts >= l.ts and o.ts + o.dur <= l.ts + l.dur "
+        "where o.level = 'op'"
+    ).n[0]
+    assert inside > 1000 and n == 0

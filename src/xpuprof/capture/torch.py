@@ -53,6 +53,9 @@ class LayerSpans:
         self._lock = threading.Lock()
         self._count = 0
         self.backward = "off"
+        self._clock: Any = time.perf_counter_ns
+        self._converter: Any = None
+        self._offset = 0
 
     # -- recording ---------------------------------------------------------------------------
 
@@ -71,12 +74,12 @@ class LayerSpans:
         if not self.active:
             return
         opened, _ = self._buffer()
-        opened.append((time.perf_counter_ns(), path, kind, phase))
+        opened.append((self._clock(), path, kind, phase))
 
     def _exit(self) -> None:
         if not self.active:
             return
-        end = time.perf_counter_ns()
+        end = self._clock()
         opened, buf = self._buffer()
         if not opened:
             return  # a capture started between this module's pre-hook and hook
@@ -144,7 +147,21 @@ class LayerSpans:
     # -- output ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._offset = time.time_ns() - time.perf_counter_ns()
+        """Read time with torch's own profiler clock (the approximate, TSC-based clock Kineto
+        stamps ops with) and convert it to Unix time the way torch does: spans measured with
+        another clock drifted about a microsecond from the ops inside them, enough to make an
+        op seem to end after its module."""
+        torch = require_torch()
+        prof = torch._C._profiler
+        if hasattr(prof, "_get_approximate_time") and hasattr(
+            prof, "_ApproximateClockToUnixTimeConverter"
+        ):
+            self._clock = prof._get_approximate_time
+            self._converter = prof._ApproximateClockToUnixTimeConverter()
+        else:  # an older torch: Unix time through our own offset
+            self._clock = time.perf_counter_ns
+            self._converter = None
+            self._offset = time.time_ns() - time.perf_counter_ns()
         self.active = True
 
     def stop(self) -> None:
@@ -157,8 +174,13 @@ class LayerSpans:
         from xpuprof.formats.raw import RAW_SCHEMA
 
         rows = [(tid, r) for tid, buf in self._buffers for r in buf]
+        if self._converter is not None:
+            unix = self._converter.to_unix_ns
+            rows = [(tid, (unix(r[0]), unix(r[1]), *r[2:])) for tid, r in rows]
+            off = -base_ns
+        else:
+            off = self._offset - base_ns
         n = len(rows)
-        off = self._offset - base_ns
         cols: dict[str, Any] = {name: [None] * n for name in RAW_SCHEMA.names}
         cols["index"] = list(range(index_start, index_start + n))
         cols["ph"] = ["X"] * n
