@@ -604,6 +604,46 @@ def hardware_cmd(as_json: bool = _JSON) -> None:
     render_result(Result(tables={"devices": pd.DataFrame(table())}), as_json, limit=100)
 
 
+@app.command("stats")
+def stats_cmd(
+    store: Path = _STORE,
+    rank: str = _RANK,
+    steps: str = _STEPS,
+    ops: bool = typer.Option(False, "--ops", help="Framework ops."),
+    kernels: bool = typer.Option(False, "--kernels", help="Device kernels."),
+    layers: bool = typer.Option(False, "--layers", help="Model layers (modules and types)."),
+    shapes: bool = typer.Option(False, "--shapes", help="Ops per input shapes."),
+    by_op: bool = typer.Option(False, "--by-op", help="Kernels per launching op."),
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """Op, kernel and layer statistics (all three unless one is chosen)."""
+    from xpuprof.analysis.stats import stats
+
+    every = not (ops or kernels or layers)
+    run_tool(store, stats, as_json, limit, ops=ops or every, kernels=kernels or every,
+             layers=layers or every, ranks=_parse_list(rank), steps=_parse_list(steps),
+             shapes=shapes, by_op=by_op)  # fmt: skip
+
+
+@app.command("hierarchy")
+def hierarchy_cmd(
+    store: Path = _STORE,
+    by: str = typer.Option("layer", "--by", help="layer, module_type, op, step or runtime."),
+    rank: str = _RANK,
+    steps: str = _STEPS,
+    per_rank: bool = typer.Option(False, "--per-rank", help="One row per rank and node."),
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """Device time attributed up the stack (kernel → op → layer → step), inclusive and
+    exclusive, as XSP does."""
+    from xpuprof.analysis.hierarchy import hierarchy
+
+    run_tool(store, hierarchy, as_json, limit, by=by, ranks=_parse_list(rank),
+             steps=_parse_list(steps), per_rank=per_rank)  # fmt: skip
+
+
 @app.command("diff")
 def diff_cmd(
     baseline: Path = typer.Argument(..., help="Baseline store (or trace file)."),
