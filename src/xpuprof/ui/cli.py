@@ -520,11 +520,25 @@ def overview_cmd(
     limit: int = _LIMIT,
 ) -> None:
     """Step time, where it goes (compute, communication, memcpy, input, host-bound idle), the
-    bottleneck, top ops and kernels, and the advisor's recommendations."""
+    bottleneck, top ops and kernels, and the advisor's recommendations under the numbers."""
+    from xpuprof.advise.rules import advise
+    from xpuprof.analysis.common import Result
     from xpuprof.analysis.overview import overview
+    from xpuprof.trace.trace import load
 
-    run_tool(store, overview, as_json, limit, ranks=_parse_list(rank),
-             steps=_parse_list(steps), top=top)  # fmt: skip
+    try:
+        with load(store) as trace:
+            ranks, step_list = _parse_list(rank), _parse_list(steps)
+            ov = overview(trace, ranks=ranks, steps=step_list, top=top)
+            adv = advise(trace, ranks=ranks, steps=step_list, overview_result=ov)
+    except XpuprofError as e:
+        _fail(e)
+    order = ("summary", "steps", "top_ops", "top_kernels")
+    res = Result(
+        tables={k: ov.tables[k] for k in order if k in ov.tables} | adv.tables,
+        notes=ov.notes + adv.notes,
+    )
+    render_result(res, as_json, limit)
 
 
 @app.command("critical-path")

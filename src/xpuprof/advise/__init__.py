@@ -1,0 +1,2 @@
+"""Recommendations: rules over the analyses' results (findings, evidence, a concrete change and
+the time it can save)."""

@@ -1,0 +1,170 @@
+"""The advisor: rules over the analyses' results, each a finding with its evidence, a concrete
+change and the time it would save, ranked by that estimate.
+
+An estimate is the time the change can remove from a step at most, from measured numbers:
+time waiting for input can at best be hidden entirely (prefetching), communication not hidden
+behind compute can at best be overlapped, device idle while the host launches can at best be
+filled (CUDA graphs replay launches from the device), an fp32 GEMM can at best run at the
+half-precision roof of its device. Each recommendation says "up to": the simulator (later) is
+what ranks them by what they would really save.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from xpuprof.analysis.common import Result
+
+if TYPE_CHECKING:
+    from xpuprof.trace.trace import Trace
+
+#: A rule fires when what it can save is at least this fraction of the step time.
+MIN_SAVING = 0.02
+
+
+@dataclass
+class Finding:
+    rule: str
+    recommendation: str
+    finding: str
+    evidence: str
+    saved_fraction: float  # of the mean step time, at most
+    saved_ms_per_step: float
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _input(summary: pd.Series, step_ms: float) -> Finding | None:
+    f = float(summary.input_fraction)
+    if f < MIN_SAVING:
+        return None
+    return Finding(
+        rule="input-bound",
+        recommendation="Load data ahead of the step: raise DataLoader num_workers, set "
+        "pin_memory=True and prefetch_factor, or move decoding off the training process",
+        finding=f"the device waits for input {f:.0%} of each step",
+        evidence=f"input {f * step_ms:.2f} ms of a {step_ms:.2f} ms mean step "
+        "(DataLoader/input spans while the device is idle)",
+        saved_fraction=f,
+        saved_ms_per_step=f * step_ms,
+    )
+
+
+def _communication(summary: pd.Series, step_ms: float) -> Finding | None:
+    f = float(summary.communication_fraction)
+    if f < MIN_SAVING:
+        return None
+    return Finding(
+        rule="communication-not-hidden",
+        recommendation="Overlap the gradient all-reduce with backward compute: DDP with "
+        "smaller bucket_cap_mb and gradient_as_bucket_view=True, or FSDP with backward "
+        "prefetch; make sure collectives run on their own stream",
+        finding=f"collectives run with no compute beside them {f:.0%} of each step",
+        evidence=f"{f * step_ms:.2f} ms per step of communication not hidden behind compute",
+        saved_fraction=f,
+        saved_ms_per_step=f * step_ms,
+    )
+
+
+def _launch(summary: pd.Series, step_ms: float, cpu_run: bool) -> Finding | None:
+    f = float(summary.host_idle_fraction)
+    if f < MIN_SAVING or cpu_run:
+        return None
+    return Finding(
+        rule="host-launch-bound",
+        recommendation="Enable CUDA graphs (torch.compile(mode='reduce-overhead') or "
+        "torch.cuda.CUDAGraph) and fuse small kernels: the device idles while the host "
+        "launches work",
+        finding=f"the device idles, waiting on the host, {f:.0%} of each step",
+        evidence=f"{f * step_ms:.2f} ms per step of device idle outside input waits",
+        saved_fraction=f,
+        saved_ms_per_step=f * step_ms,
+    )
+
+
+def _fp32_gemms(trace: Trace, ranks: list[int] | None, steps: list[int] | None,
+                step_ms: float, n_steps: int) -> Finding | None:  # fmt: skip
+    """GEMM-like kernels that do not use tensor cores, on a device whose tensor cores are
+    faster: what they would take at the half-precision matrix roof."""
+    from xpuprof.analysis.stats import kernel_stats
+    from xpuprof.hardware.specs import match
+
+    try:
+        ks = kernel_stats(trace, ranks=ranks, steps=steps)
+    except Exception:  # noqa: BLE001 - a refinement: no kernels, no finding
+        return None
+    if ks is None or len(ks) == 0 or "tensor_core" not in ks:
+        return None
+    gemm = ks[ks.name.str.contains(r"gemm|sgemm|matmul|cutlass|cublas", case=False, regex=True)
+              & ~ks.tensor_core.astype(bool)]  # fmt: skip
+    total = float(ks.total_ns.sum())
+    if gemm.empty or total <= 0:
+        return None
+    spec = None
+    for props in trace.meta.get("device_properties", {}).values():
+        for p in props or []:
+            spec = spec or match(p.get("name"), p)
+    if spec is None:
+        return None
+    fp32, _ = spec.peak("fp32", matrix=False)
+    half, _ = spec.peak("bf16", matrix=True)
+    if half is None:
+        half, _ = spec.peak("fp16", matrix=True)
+    if not fp32 or not half or half <= fp32:
+        return None
+    t = float(gemm.total_ns.sum())
+    saved_ns = t * (1 - fp32 / half)  # at most: all of it compute-bound at the new roof
+    per_step = saved_ns / max(n_steps, 1) / 1e6
+    frac = per_step / step_ms if step_ms else 0.0
+    if frac < MIN_SAVING:
+        return None
+    top = ", ".join(gemm.sort_values("total_ns", ascending=False).name.head(3).str[:60])
+    return Finding(
+        rule="fp32-gemm",
+        recommendation="Run GEMMs in bf16 on tensor cores: torch.autocast(device_type='cuda', "
+        "dtype=torch.bfloat16) (or allow TF32: torch.backends.cuda.matmul.allow_tf32 = True)",
+        finding=f"{t / total:.0%} of kernel time is GEMMs without tensor cores on {spec.name}",
+        evidence=f"{t / 1e6:.2f} ms of such GEMMs ({top}); {spec.name}: fp32 "
+        f"{fp32 / 1e12:.1f} vs bf16 matrix {half / 1e12:.0f} TFLOP/s",
+        saved_fraction=frac,
+        saved_ms_per_step=per_step,
+    )
+
+
+def advise(
+    trace: Trace, ranks: list[int] | None = None, steps: list[int] | None = None,
+    overview_result: Result | None = None,
+) -> Result:  # fmt: skip
+    """Recommendations ranked by the step time they can save (table ``recommendations``)."""
+    from xpuprof.analysis.overview import overview
+
+    ov = overview_result or overview(trace, ranks=ranks, steps=steps)
+    res = Result()
+    summary = ov.tables.get("summary")
+    if summary is None or summary.empty:
+        res.notes.append("no steps and no events to judge: no recommendations")
+        return res
+    cpu_run = any("CPU run" in n for n in ov.notes)
+    findings: list[Finding] = []
+    # judge the rank that needs it most: the slowest mean step
+    worst = summary.sort_values("step_ms_mean", ascending=False).iloc[0]
+    step_ms = float(worst.step_ms_mean)
+    for rule in (_input(worst, step_ms), _communication(worst, step_ms),
+                 _launch(worst, step_ms, cpu_run)):  # fmt: skip
+        if rule is not None:
+            findings.append(rule)
+    gemm = _fp32_gemms(trace, ranks, steps, step_ms, int(summary.steps.sum()))
+    if gemm is not None:
+        findings.append(gemm)
+    findings.sort(key=lambda f: -f.saved_fraction)
+    res.tables["recommendations"] = pd.DataFrame([f.row() for f in findings])
+    if not findings:
+        res.notes.append(
+            f"no rule found {MIN_SAVING:.0%} or more of the step to save (bottleneck: "
+            f"{worst.bottleneck}); see the op and kernel tables for where the time goes"
+        )
+    return res
