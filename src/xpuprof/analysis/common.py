@@ -39,8 +39,14 @@ class Result:
         return self.tables[name]
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data: missing values (NaN, NA) become None."""
+        import json
+
         return {
-            "tables": {k: v.to_dict(orient="records") for k, v in self.tables.items()},
+            "tables": {
+                k: json.loads(v.to_json(orient="records", date_format="iso"))
+                for k, v in self.tables.items()
+            },
             "notes": self.notes,
         }
 
@@ -85,7 +91,10 @@ def kernel_type(level: pd.Series, name: pd.Series) -> pd.Series:
     out = np.full(len(lv), OTHER, dtype=object)
     out[(lv == "kernel").to_numpy()] = COMPUTATION
     comm = (lv == "collective") | name.astype(str).str.contains("nccl", case=False)
-    out[((lv == "memcpy") | (lv == "memset")).to_numpy()] = MEMORY
+    memory = (lv == "memcpy") | (lv == "memset")
+    # MTIA's DMA engine work is recorded as kernels named dma*: memory, as HTA types it
+    memory |= (lv == "kernel") & name.astype(str).str.startswith("dma")
+    out[memory.to_numpy()] = MEMORY
     out[comm.to_numpy() & (lv.isin(DEVICE_LEVELS)).to_numpy()] = COMMUNICATION
     return pd.Series(out, index=level.index, dtype="string")
 
@@ -112,9 +121,7 @@ def union_length(start: np.ndarray, end: np.ndarray) -> int:
     return int((e - s).sum())
 
 
-def intersection_length(
-    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
-) -> int:
+def intersection_length(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
     """Length of (union of a) ∩ (union of b); both given as merged, disjoint intervals."""
     a_s, a_e = a
     b_s, b_e = b

@@ -658,6 +658,58 @@ def hierarchy_cmd(
              steps=_parse_list(steps), per_rank=per_rank)  # fmt: skip
 
 
+def _steps_hta(text: str | None) -> Any:
+    """Steps for the HTA-style tools: HTA drops the last profiler step by default."""
+    if text is None or text == "drop-last":
+        return "drop_last"
+    if text == "all":
+        return "all"
+    return _parse_list(text)
+
+
+_STEPS_HTA = typer.Option(
+    None, "--steps", help="drop-last (default, as HTA), all, or steps: 5, 5,6, 5-9."
+)
+
+
+@app.command("breakdown")
+def breakdown_cmd(
+    store: Path = _STORE,
+    rank: str = _RANK,
+    steps: str = _STEPS_HTA,
+    top: int = typer.Option(10, "--top", help="Kernels listed per type."),
+    hta_compatible: bool = typer.Option(
+        False, "--hta-compatible", help="Reproduce HTA's numbers, rounding and quirks included."
+    ),
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """HTA's temporal breakdown, kernel-type breakdown and comm/compute overlap."""
+    from xpuprof.analysis.breakdown import breakdown
+
+    run_tool(store, breakdown, as_json, limit, ranks=_parse_list(rank),
+             steps=_steps_hta(steps), top=top, hta_compatible=hta_compatible)  # fmt: skip
+
+
+@app.command("idle")
+def idle_cmd(
+    store: Path = _STORE,
+    rank: str = _RANK,
+    steps: str = _STEPS_HTA,
+    hta_compatible: bool = typer.Option(
+        False, "--hta-compatible", help="Reproduce HTA's numbers, rounding and quirks included."
+    ),
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """Idle time per stream (host wait, kernel wait, other), launch delays, short kernels,
+    queue length."""
+    from xpuprof.analysis.idle import idle_time
+
+    run_tool(store, idle_time, as_json, limit, ranks=_parse_list(rank),
+             steps=_steps_hta(steps), hta_compatible=hta_compatible)  # fmt: skip
+
+
 @app.command("diff")
 def diff_cmd(
     baseline: Path = typer.Argument(..., help="Baseline store (or trace file)."),
