@@ -123,6 +123,7 @@ def overview(
         )
         span["step"] = -1
         step_rows = span[["rank", "step", "ts", "dur"]]
+    shares = _memory_shares(trace, ranks, steps)
     rows = []
     bound_notes = set()
     for rank, rsteps in step_rows.groupby("rank", dropna=False):
@@ -172,7 +173,7 @@ def overview(
             **{f"{p}_fraction": frac[p] for p in PARTS},
             "device_utilization": busy,
         }
-        row["bottleneck"] = _bottleneck(frac, _memory_share(trace, rank, w))
+        row["bottleneck"] = _bottleneck(frac, shares.get(None if pd.isna(rank) else int(rank)))
         summary.append(row)
     res.tables["summary"] = pd.DataFrame(summary)
     we = where_clause(ranks, steps, alias="e")
@@ -192,24 +193,29 @@ def overview(
     return res
 
 
-def _memory_share(trace: Trace, rank: object, w: str) -> float | None:
-    """Share of timed framework-op work whose arithmetic intensity is below the machine
-    balance of the rank's device (from the roofline), or None when unknown."""
+def _memory_shares(
+    trace: Trace, ranks: list[int] | None, steps: list[int] | None
+) -> dict[int | None, float]:
+    """Per rank, the share of timed work with a known roofline position that is
+    memory-bound (below the device's ridge point); ranks with none known are absent. One
+    roofline run for all ranks."""
     try:
         from xpuprof.analysis.roofline import roofline
-    except ImportError:
-        return None
-    try:
-        r = roofline(trace, ranks=None if pd.isna(rank) else [int(rank)])
+
+        r = roofline(trace, ranks=ranks, steps=steps)
     except Exception:  # noqa: BLE001 - the overview must not fail on an optional refinement
-        return None
-    for name in ("ops", "kernels"):
+        return {}
+    out: dict[int | None, float] = {}
+    for name in ("kernels", "ops"):  # device kernels first: they are what runs
         df = r.tables.get(name)
-        if df is not None and "bound" in df and "time_ns" in df and len(df):
-            known = df[df.bound.isin(["memory", "compute"])]
-            if len(known):
-                return float(known.time_ns[known.bound == "memory"].sum() / known.time_ns.sum())
-    return None
+        if df is None or not len(df) or not {"bound", "time_ns", "rank"} <= set(df.columns):
+            continue
+        known = df[df.bound.isin(["memory", "compute"])]
+        for rank, g in known.groupby("rank", dropna=False):
+            key = None if pd.isna(rank) else int(rank)
+            if key not in out and g.time_ns.sum() > 0:
+                out[key] = float(g.time_ns[g.bound == "memory"].sum() / g.time_ns.sum())
+    return out
 
 
 def _bottleneck(frac: dict[str, float], memory_share: float | None) -> str:
