@@ -61,3 +61,10 @@ def test_a_busy_device_gets_no_made_up_advice(tmp_path) -> None:
     res = run(tmp_path, [_x("gemm_tensorop", "kernel", 0, 1000, pid=0, tid=7)])
     assert res["recommendations"].empty
     assert "no rule found" in res.notes[0]
+
+
+def test_cpu_run_with_time_outside_ops_recommends_cutting_python_overhead(tmp_path) -> None:
+    res = run(tmp_path, [_x("aten::mm", "cpu_op", 0, 600)])  # no device: a CPU run
+    rec = res["recommendations"].iloc[0]
+    assert rec.rule == "python-overhead" and "torch.compile" in rec.recommendation
+    assert rec.saved_fraction == pytest.approx(0.40)

@@ -86,6 +86,22 @@ def _launch(summary: pd.Series, step_ms: float, cpu_run: bool) -> Finding | None
     )
 
 
+def _python_overhead(summary: pd.Series, step_ms: float, cpu_run: bool) -> Finding | None:
+    f = float(summary.host_idle_fraction)
+    if f < MIN_SAVING or not cpu_run:
+        return None
+    return Finding(
+        rule="python-overhead",
+        recommendation="Cut the Python and dispatch time between ops: torch.compile the model "
+        "(fuses ops and removes per-op dispatch), or do more work per op (larger batches)",
+        finding=f"{f:.0%} of each step runs no framework op",
+        evidence=f"{f * step_ms:.2f} ms per step outside aten ops (Python code, optimizer "
+        "loop, dispatch)",
+        saved_fraction=f,
+        saved_ms_per_step=f * step_ms,
+    )
+
+
 def _fp32_gemms(trace: Trace, ranks: list[int] | None, steps: list[int] | None,
                 step_ms: float, n_steps: int) -> Finding | None:  # fmt: skip
     """GEMM-like kernels that do not use tensor cores, on a device whose tensor cores are
@@ -153,8 +169,13 @@ def advise(
     # judge the rank that needs it most: the slowest mean step
     worst = summary.sort_values("step_ms_mean", ascending=False).iloc[0]
     step_ms = float(worst.step_ms_mean)
-    for rule in (_input(worst, step_ms), _communication(worst, step_ms),
-                 _launch(worst, step_ms, cpu_run)):  # fmt: skip
+    rules = (
+        _input(worst, step_ms),
+        _communication(worst, step_ms),
+        _launch(worst, step_ms, cpu_run),
+        _python_overhead(worst, step_ms, cpu_run),
+    )
+    for rule in rules:
         if rule is not None:
             findings.append(rule)
     gemm = _fp32_gemms(trace, ranks, steps, step_ms, int(summary.steps.sum()))

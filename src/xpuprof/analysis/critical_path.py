@@ -46,8 +46,13 @@ COLUMNS = ["rank", "part", "start", "end", "duration", "weight", "attribution", 
            "src", "dst"]  # fmt: skip
 
 
-def critical_path(trace: Trace, rank: int | None = None, steps: list[int] | None = None,
-                  annotation: str | None = None, instance: int | tuple[int, int] = 0) -> Result:
+def critical_path(
+    trace: Trace,
+    rank: int | None = None,
+    steps: list[int] | None = None,
+    annotation: str | None = None,
+    instance: int | tuple[int, int] = 0,
+) -> Result:
     """Critical path of each source file (a rank; only ``rank``'s if given), over the whole
     trace, the profiler ``steps``, or — as HTA's ``critical_path_analysis`` — ``instance`` (or
     an inclusive range) of the host spans whose name contains ``annotation``.
@@ -178,8 +183,10 @@ def _path(h, d, s, window: tuple[int, int], notes: list, part: int) -> pd.DataFr
     if d.empty:
         notes.append(f"part {part}: no device work linked to a launch: the path is host-only")
     if s.empty:
-        notes.append(f"part {part}: no cuda_sync events (PyTorch ≥ 2.1 records them): host "
-                     "waits on the device are invisible; GPU time may be under-counted")
+        notes.append(
+            f"part {part}: no cuda_sync events (PyTorch ≥ 2.1 records them): host "
+            "waits on the device are invisible; GPU time may be under-counted"
+        )
     # HTA's queue length per stream: +1 at a launch, -1 when its work starts (whole trace)
     q = pd.DataFrame({"dev": np.tile(d.device, 2), "str": np.tile(d.stream, 2),
                       "t": np.r_[d.ts_rt, d.t], "k": np.repeat([1, -1], len(d))})  # fmt: skip
@@ -205,8 +212,12 @@ def _path(h, d, s, window: tuple[int, int], notes: list, part: int) -> pd.DataFr
     ss = s[s.name.isin(["Stream Sync", "Context Sync"]) & (s.rt >= 0)]
     ss, gd = ss[ing[ss.rt.to_numpy()]], d[g[:-1]]
     ctx = ss[ss.name == "Context Sync"].drop(columns="stream")
-    one = pd.concat([ss[ss.name == "Stream Sync"],
-                     ctx.merge(gd[["device", "stream"]].drop_duplicates(), on="device")])
+    one = pd.concat(
+        [
+            ss[ss.name == "Stream Sync"],
+            ctx.merge(gd[["device", "stream"]].drop_duplicates(), on="device"),
+        ]
+    )
     last = _asof(one[["device", "stream", "e"]].rename(columns={"e": "t"}),
                  gd[["device", "stream", "t", "row"]], exact=False)  # fmt: skip
     syncs = np.c_[np.r_[es.k, last[last >= 0]], np.r_[es.rt, one.rt.to_numpy()[last >= 0]]]

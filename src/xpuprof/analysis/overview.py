@@ -18,7 +18,8 @@ smart-suggestion rules, see REFERENCE.md):
 
 1. input ≥ 20 % of the step: **input-bound (highly)**; ≥ 5 %: **input-bound (moderately)**;
 2. communication not hidden ≥ 30 %: **communication-bound**;
-3. host-bound idle ≥ 10 %: **host/launch-bound**;
+3. host-bound idle ≥ 10 %: **host/launch-bound** (on a CPU run: **host-bound**, the time
+   between framework ops: Python code and dispatch);
 4. else the device: **memory-bandwidth-bound** when at least half of the computation time
    with a known roofline position is in memory-bound work, **compute-bound** otherwise, and
    **device-bound** when no FLOPs are known to tell them apart.
@@ -173,7 +174,9 @@ def overview(
             **{f"{p}_fraction": frac[p] for p in PARTS},
             "device_utilization": busy,
         }
-        row["bottleneck"] = _bottleneck(frac, shares.get(None if pd.isna(rank) else int(rank)))
+        row["bottleneck"] = _bottleneck(
+            frac, shares.get(None if pd.isna(rank) else int(rank)), cpu_run=bool(bound_notes)
+        )
         summary.append(row)
     res.tables["summary"] = pd.DataFrame(summary)
     we = where_clause(ranks, steps, alias="e")
@@ -218,7 +221,7 @@ def _memory_shares(
     return out
 
 
-def _bottleneck(frac: dict[str, float], memory_share: float | None) -> str:
+def _bottleneck(frac: dict[str, float], memory_share: float | None, cpu_run: bool = False) -> str:
     if frac["input"] >= INPUT_HIGH:
         return "input-bound (highly)"
     if frac["input"] >= INPUT_MODERATE:
@@ -226,7 +229,8 @@ def _bottleneck(frac: dict[str, float], memory_share: float | None) -> str:
     if frac["communication"] >= COMMUNICATION_BOUND:
         return "communication-bound"
     if frac["host_idle"] >= HOST_BOUND:
-        return "host/launch-bound"
+        # on a CPU run there are no launches: the time is Python and dispatch between ops
+        return "host-bound (time outside framework ops)" if cpu_run else "host/launch-bound"
     if memory_share is None:
         return "device-bound"
     return "memory-bandwidth-bound" if memory_share >= MEMORY_BOUND_SHARE else "compute-bound"

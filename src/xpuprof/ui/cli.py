@@ -399,32 +399,29 @@ def demo(
     info(store, as_json)
     if as_json:
         return
+    from xpuprof.advise.rules import advise
+    from xpuprof.analysis.common import Result
+    from xpuprof.analysis.overview import overview
+    from xpuprof.analysis.stats import layer_stats
     from xpuprof.trace.trace import Trace
 
     with Trace(store) as trace:
-        layers = trace.sql(
-            "select name as layer, json_extract_string(args, '$.module') as type, "
-            "count(*) as calls, sum(dur) / 1e6 as ms from events "
-            "where level = 'layer' and json_extract_string(args, '$.pass') = 'forward' "
-            "group by all order by ms desc limit 8"
-        )
-        ops = trace.sql(
-            "with c as (select parent, sum(dur) as d from events group by parent) "
-            "select e.name as op, count(*) as calls, sum(e.dur - coalesce(c.d, 0)) / 1e6 as "
-            "self_ms from events e left join c on c.parent = e.id where e.level = 'op' "
-            "group by e.name order by self_ms desc limit 8"
-        )
-    for title, df in (
-        ("slowest layers (forward, inclusive)", layers),
-        ("top ops (self time)", ops),
-    ):
-        if len(df):
-            t = Table(title=title, title_justify="left")
-            for c in df.columns:
-                t.add_column(str(c), justify="right" if df[c].dtype.kind in "iuf" else "left")
-            for row in df.itertuples(index=False):
-                t.add_row(*[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row])
-            out.print(t)
+        ov = overview(trace, top=8)
+        adv = advise(trace, overview_result=ov)
+        summary = ov.tables["summary"]
+        # one column per rank reads better than one very wide row
+        overview_t = summary.set_index(summary["rank"].map(lambda r: f"rank {r}" if
+                                       r == r and r is not None else "value"))  # fmt: skip
+        overview_t = overview_t.drop(columns=["rank"]).T.reset_index(names="")
+        tables = {"overview": overview_t, "top ops (self time)": ov.tables["top_ops"]}
+        if trace.manifest["levels"].get("layer"):
+            layers = layer_stats(trace).sort_values("forward_ns", ascending=False)
+            layers["forward_ms"] = layers.forward_ns / 1e6
+            layers["backward_ms"] = layers.backward_ns / 1e6
+            tables["slowest layers"] = layers[["layer", "module_type", "calls", "forward_ms",
+                                               "backward_ms"]]  # fmt: skip
+        tables |= adv.tables
+    render_result(Result(tables=tables, notes=ov.notes + adv.notes), False, limit=8)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -463,12 +460,30 @@ def _render_df(df: Any, title: str, limit: int) -> Table:
     return t
 
 
+def _render_recommendations(df: Any) -> None:
+    """Findings as numbered paragraphs: a table cannot hold their sentences legibly."""
+    out.print("[bold]recommendations[/] (ranked by the step time they can save, at most)")
+    for i, r in enumerate(df.itertuples(index=False), 1):
+        out.print(
+            f"{i}. [bold]{escape(r.recommendation)}[/]\n"
+            f"   {escape(r.finding)}: {escape(r.evidence)}\n"
+            f"   saves up to {r.saved_ms_per_step:.2f} ms per step ({r.saved_fraction:.0%})",
+            highlight=False,
+        )
+
+
 def render_result(res: Any, as_json: bool, limit: int = 20) -> None:
     """Print a tool's Result: each table, then its notes (or one JSON document)."""
     if as_json:
         _print_json(res.to_dict())
         return
     for name, df in res.tables.items():
+        if name == "recommendations" and len(df):
+            _render_recommendations(df)
+            continue
+        if name in ("overview", "summary") and len(df) <= 50:
+            out.print(_render_df(df, name, len(df)))  # short and essential: all of it
+            continue
         out.print(_render_df(df, name, limit))
         if len(df) > limit:
             out.print(f"({len(df):,} rows, first {limit} shown; --limit N or --json for all)")
