@@ -23,7 +23,7 @@ import pytest
 from xpuprof.capture import annotate as A
 from xpuprof.capture.annotate import annotate, step
 from xpuprof.errors import XpuprofError
-from xpuprof.formats.raw import KINDS, RAW_SCHEMA
+from xpuprof.raw import KINDS, RAW_SCHEMA
 from xpuprof.trace.build import build_tables
 
 

@@ -23,7 +23,6 @@ import pyarrow.compute as pc
 import pytest
 
 from xpuprof.errors import TraceFormatError, XpuprofError
-from xpuprof.formats.raw import RAW_SCHEMA
 from xpuprof.formats.xplane import (
     XPLANE_CATEGORY_LEVEL,
     XPLANE_DEVICE_CATEGORIES,
@@ -32,6 +31,7 @@ from xpuprof.formats.xplane import (
     read_xplane,
 )
 from xpuprof.names import LEVELS
+from xpuprof.raw import RAW_SCHEMA
 from xpuprof.trace import build
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

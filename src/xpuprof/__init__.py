@@ -18,9 +18,9 @@ _LAZY = {
     "LEVELS": ("xpuprof.schema", "LEVELS"),
     "XpuprofError": ("xpuprof.errors", "XpuprofError"),
     "annotate": ("xpuprof.capture.annotate", "annotate"),
-    "step": ("xpuprof.capture.profile", "step"),
-    "profile": ("xpuprof.capture.profile", "profile"),
-    "serve": ("xpuprof.capture.remote", "serve"),
+    "step": ("xpuprof.session", "step"),
+    "profile": ("xpuprof.session", "profile"),
+    "serve": ("xpuprof.remote", "serve"),
     "TraceFormatError": ("xpuprof.errors", "TraceFormatError"),
 }
 

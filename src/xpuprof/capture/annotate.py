@@ -29,7 +29,7 @@ ids are ``threading.get_native_id()`` and the pid ``os.getpid()``: the ids Kinet
 host threads, so our spans land on the same tracks as the aten ops they contain.
 
 Collectors use ``start()`` / ``stop()``; ``Collected.to_raw()`` hands the normaliser
-(``trace/build.py``) tables in ``formats.raw.RAW_SCHEMA``. This module imports only the standard
+(``trace/build.py``) tables in ``raw.RAW_SCHEMA``. This module imports only the standard
 library at import time; pyarrow and msgspec are imported by ``to_raw``.
 """
 
@@ -510,7 +510,7 @@ class Collected:
     def to_raw(
         self, base_ns: int = 0, *, index_start: int = 0, names: bool = True
     ) -> dict[str, pa.Table]:
-        """Raw tables (``formats.raw.KINDS`` → ``RAW_SCHEMA``) for ``trace.build.build_tables``.
+        """Raw tables (``raw.KINDS`` → ``RAW_SCHEMA``) for ``trace.build.build_tables``.
 
         ``ts`` is Unix-epoch ns minus ``base_ns`` (pass a Kineto trace's
         ``baseTimeNanoseconds`` to put the rows on its time base). ``index`` numbers the event
@@ -522,7 +522,7 @@ class Collected:
         import numpy as np
         import pyarrow as pa
 
-        from xpuprof.formats.raw import KINDS, RAW_SCHEMA
+        from xpuprof.raw import KINDS, RAW_SCHEMA
 
         enc = msgspec.json.Encoder(enc_hook=str)
         t0: list[int] = []

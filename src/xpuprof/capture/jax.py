@@ -1,7 +1,7 @@
 """JAX side of a capture: ``jax.profiler`` writes XPlane, which ``formats.xplane`` reads.
 
 ``trace_jax(logdir)`` is the plain context manager (the files stay in ``logdir``, where XProf
-and TensorBoard can open them too); ``start_jax`` / ``stop_jax`` are the two halves that
+and TensorBoard can open them too); ``start_jax`` / ``stop_jax_files`` are the two halves that
 ``xpuprof.profile`` calls around a JAX program, ending with the capture's raw tables.
 
 jax is imported only inside these functions: xpuprof works without it, and says which extra to
@@ -48,10 +48,17 @@ def _options(jax: Any, python_tracer: bool | None, host_tracer_level: int | None
     return opts
 
 
-def _xplane_files(logdir: Path) -> set[Path]:
-    from xpuprof.formats.xplane import find_xplane_files
+def _written(logdir: Path) -> list[Path]:
+    """The XPlane files jax.profiler wrote under ``logdir``, newest first (listing only:
+    reading them is the importer's job, to the right of capture in the pipeline)."""
+    if not logdir.is_dir():
+        return []
+    found = [*logdir.rglob("*.xplane.pb"), *logdir.rglob("*.xplane.pb.gz")]
+    return sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True)
 
-    return set(find_xplane_files(logdir)) if logdir.is_dir() else set()
+
+def _xplane_files(logdir: Path) -> set[Path]:
+    return set(_written(logdir))
 
 
 @dataclass
@@ -100,31 +107,7 @@ def stop_jax_files(logdir: str | Path, before: set[Path] | None = None) -> list[
     jax = require_jax()
     d = Path(logdir)
     jax.profiler.stop_trace()
-    from xpuprof.formats.xplane import find_xplane_files
-
-    found = find_xplane_files(d) if d.is_dir() else []
-    return [p for p in found if before is None or p not in before]
-
-
-def stop_jax(logdir: str | Path, *, lenient: bool = False) -> Any:
-    """Stop the trace started by :func:`start_jax` and read what it wrote (a ``RawTrace``).
-
-    ``logdir`` should be a fresh directory (``xpuprof.profile`` gives it a temporary one): the
-    newest run's file is read. Its ``top["baseTimeNanoseconds"]`` is the capture's start, the
-    instant its ``ts`` count from.
-    """
-    from xpuprof.formats.xplane import find_xplane_files, read_xplane
-
-    stop_jax_files(logdir)
-    files = find_xplane_files(Path(logdir), run="latest")
-    if not files:
-        raise XpuprofError(f"{logdir}: jax.profiler wrote no .xplane.pb file")
-    if len(files) > 1:
-        raise XpuprofError(
-            f"{logdir}: jax.profiler wrote {len(files)} XPlane files in one run "
-            f"({', '.join(f.name for f in files)}); import them with xpuprof import instead"
-        )
-    return read_xplane(files[0], lenient=lenient)
+    return [p for p in _written(d) if before is None or p not in before]
 
 
 @contextlib.contextmanager
@@ -157,4 +140,4 @@ def trace_jax(
         result.paths = stop_jax_files(d, before)
 
 
-__all__ = ["JaxTrace", "require_jax", "start_jax", "stop_jax", "stop_jax_files", "trace_jax"]
+__all__ = ["JaxTrace", "require_jax", "start_jax", "stop_jax_files", "trace_jax"]

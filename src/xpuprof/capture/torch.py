@@ -171,7 +171,7 @@ class LayerSpans:
         """Layer spans as raw ``X`` entries (category ``xpuprof_layer``)."""
         import pyarrow as pa
 
-        from xpuprof.formats.raw import RAW_SCHEMA
+        from xpuprof.raw import RAW_SCHEMA
 
         rows = [(tid, r) for tid, buf in self._buffers for r in buf]
         if self._converter is not None:

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xpuprof.errors import TraceFormatError
-from xpuprof.formats.raw import _DICT, KINDS, RAW_SCHEMA, Dropped, RawTrace
+from xpuprof.raw import _DICT, KINDS, RAW_SCHEMA, Dropped, RawTrace
 
 #: JSON text decoded per chunk; large enough to amortise per-call costs, small enough to bound RSS.
 CHUNK_BYTES = 4 << 20

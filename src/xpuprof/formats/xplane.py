@@ -7,7 +7,7 @@ its occurrences (name, HLO text, per-op constants such as ``flops`` and ``bytes_
 carries its own stats. The file is decoded with our own compiled copy of ``xplane.proto``
 (``formats/proto``), so only ``protobuf`` is needed, never TensorFlow.
 
-How an XSpace becomes the raw tables of ``formats.raw`` (what ``trace.build`` normalises):
+How an XSpace becomes the raw tables of ``xpuprof.raw`` (what ``trace.build`` normalises):
 
 * **One ``X`` row per XEvent**, none dropped, in file order (plane, line, event). Zero-length
   events stay ``X`` rows with ``dur`` 0.
@@ -87,7 +87,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xpuprof.errors import TraceFormatError
-from xpuprof.formats.raw import KINDS, RAW_SCHEMA, Dropped, RawTrace
+from xpuprof.raw import KINDS, RAW_SCHEMA, Dropped, RawTrace
 
 # ----------------------------------------------------------------------------------------------
 # Categories and levels

@@ -550,7 +550,7 @@ def build_tables(
     string_ids: dict[str, dict[str, str]],
 ) -> Tables:
     """Normalize one source file's raw columns, already split by kind of entry
-    (``formats.raw.KINDS``; columns as in ``formats.raw.RAW_SCHEMA``)."""
+    (``raw.KINDS``; columns as in ``raw.RAW_SCHEMA``)."""
     meta_raw = _fold_leftovers(raw.pop("metadata"), ("flow_id", "bp", "scope", "dur"))
     metadata = _metadata_table(meta_raw, part, rank)
     ev_raw = _fold_leftovers(_match_begin_end(raw.pop("events")), ("flow_id", "bp"))

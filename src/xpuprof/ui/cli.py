@@ -333,7 +333,7 @@ def capture(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Capture a running job on demand (the job runs xpuprof.serve) into a store."""
-    from xpuprof.capture.remote import request_capture
+    from xpuprof.remote import request_capture
 
     try:
         seconds = _seconds(duration)

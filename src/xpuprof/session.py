@@ -1,5 +1,10 @@
 """``xpuprof.profile``: capture a run of the user's program into a store.
 
+This module composes the pipeline end to end, so it sits beside ``ui`` rather than in
+``capture/``: the recorders in ``capture/`` (annotations, layer spans, telemetry, the JAX
+profiler) know nothing of stores; here their output meets the framework's trace (``formats/``)
+and becomes a store (``trace/``).
+
 One object drives everything a capture can record, chosen by ``level`` (leveled measurement, as
 in XSP: each level is captured in its own run so that the overhead of the deeper levels never
 inflates the numbers of the shallower ones):
@@ -386,7 +391,7 @@ class Halted:
 
         import pyarrow as pa
 
-        from xpuprof.formats.raw import KINDS
+        from xpuprof.raw import KINDS
 
         doc = json.loads((workdir / "halted.json").read_text())
         extras = []
@@ -412,7 +417,7 @@ def finish(halted: Halted, out: str | Path) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from xpuprof.formats.raw import RawTrace, concat_tables, count_entries, next_index
+    from xpuprof.raw import RawTrace, concat_tables, count_entries, next_index
     from xpuprof.trace.ingest import store_raw
 
     base: RawTrace | None = None
