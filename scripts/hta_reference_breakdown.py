@@ -2,7 +2,7 @@
 
 Runs with HTA's own interpreter (HTA 0.5.0 needs pandas<3 and cannot share xpuprof's venv):
 
-    bench-data/hta-venv/bin/python scripts/hta_reference_breakdown.py            # every shared GPU trace
+    bench-data/hta-venv/bin/python scripts/hta_reference_breakdown.py   # every shared GPU trace
     bench-data/hta-venv/bin/python scripts/hta_reference_breakdown.py a100_triton dlrm_8rank_v100
 
 For each real GPU trace in ``../shared/traces/kineto/gpu`` (a single file is copied alone into a

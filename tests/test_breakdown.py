@@ -278,7 +278,7 @@ def test_reference_files_are_complete():
     for case in CASES:
         ref = json.loads((REF / f"{case}.json").read_text())
         assert ref["hta_version"] == "0.5.0"
-        assert ref["command"].startswith("bench-data/hta-venv/bin/python scripts/hta_reference_breakdown")
+        assert "scripts/hta_reference_breakdown" in ref["command"]
         assert ref["date"] and ref["sources"]
         assert "load" not in ref["errors"], f"{case}: HTA could not load it"
 

@@ -122,7 +122,7 @@ def trace_jax(
     Yields a :class:`JaxTrace` whose ``paths`` (``path`` when there is one) name the
     ``.xplane.pb`` files written, once the block ends::
 
-        with trace_jax("/tmp/logs") as t:
+        with trace_jax("logs") as t:
             train_step(params, batch).block_until_ready()
         raw = xpuprof.formats.xplane.read_xplane(t.path)
 
