@@ -152,3 +152,16 @@ def example_store(tmp_path_factory):
     trace = xpuprof.load(store)
     yield trace, report
     trace.close()
+
+
+@pytest.fixture(scope="session")
+def nccl(tmp_path_factory):
+    """The A100 NCCL trace (rank 0 of 2) and its store, imported once for every test file."""
+    import xpuprof
+
+    path = shared("kineto/gpu/a100_rank0of2_nccl.json.gz")
+    store = tmp_path_factory.mktemp("nccl") / "nccl.store"
+    xpuprof.import_traces([path], store)
+    trace = xpuprof.load(store)
+    yield path, trace
+    trace.close()

@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import KINETO, NO_SHARED, shared, us_to_ns
+from conftest import KINETO, NO_SHARED, us_to_ns
 
 import xpuprof
 from xpuprof.analysis.hierarchy import ancestry, attribute, hierarchy
@@ -160,16 +160,6 @@ def _isna(v) -> bool:
     import pandas as pd
 
     return v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v))
-
-
-@pytest.fixture(scope="module")
-def nccl(tmp_path_factory):
-    path = shared("kineto/gpu/a100_rank0of2_nccl.json.gz")
-    store = tmp_path_factory.mktemp("nccl") / "nccl.store"
-    xpuprof.import_traces([path], store)
-    trace = xpuprof.load(store)
-    yield path, trace
-    trace.close()
 
 
 def test_backward_kernels_get_their_forward_op_through_fwdbwd(nccl, raw_json) -> None:

@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import shared, us_to_ns
+from conftest import us_to_ns
 
 import xpuprof
 from xpuprof.analysis.stats import kernel_stats, layer_stats, op_stats, stats, uses_tensor_cores
@@ -111,16 +111,6 @@ def test_op_stats_by_input_shape_match_torch_groups(torch_run) -> None:
 # ----------------------------------------------------------------------------------------------
 # kernel stats against the raw JSON
 # ----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def nccl(tmp_path_factory):
-    path = shared("kineto/gpu/a100_rank0of2_nccl.json.gz")
-    store = tmp_path_factory.mktemp("nccl_stats") / "nccl.store"
-    xpuprof.import_traces([path], store)
-    trace = xpuprof.load(store)
-    yield path, trace
-    trace.close()
 
 
 def test_kernel_stats_match_the_raw_json(nccl, raw_json) -> None:
