@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import xpuprof
-from xpuprof.demo import Trainer
+from xpuprof.workloads.demo import Trainer
 
 MODES = ("unprofiled", "step", "layer", "op")
 TARGETS = {"step": 1.01, "layer": 1.05}

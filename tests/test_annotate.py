@@ -22,9 +22,9 @@ import pytest
 
 from xpuprof.capture import annotate as A
 from xpuprof.capture.annotate import annotate, step
-from xpuprof.errors import XpuprofError
-from xpuprof.raw import KINDS, RAW_SCHEMA
-from xpuprof.trace.build import build_tables
+from xpuprof.core.errors import XpuprofError
+from xpuprof.core.raw import KINDS, RAW_SCHEMA
+from xpuprof.trace.normalize import build_tables
 
 
 @pytest.fixture(autouse=True)

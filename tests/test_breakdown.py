@@ -35,7 +35,7 @@ from xpuprof.analysis.breakdown import (
     temporal_breakdown,
 )
 from xpuprof.analysis.idle import idle_time
-from xpuprof.errors import XpuprofError
+from xpuprof.core.errors import XpuprofError
 from xpuprof.trace.ingest import import_traces
 from xpuprof.trace.trace import Trace
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from xpuprof.formats.kineto import read_kineto
-from xpuprof.trace.build import bind_flows, depths, nest
+from xpuprof.trace.normalize import bind_flows, depths, nest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "src/xpuprof/data/example_cpu_train.pt.trace.json.gz"

@@ -16,7 +16,7 @@ import xpuprof
 
 torch = pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
 
-from xpuprof.demo import Trainer  # noqa: E402
+from xpuprof.workloads.demo import Trainer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,7 @@ def test_profiling_torch_without_torch_names_the_extra(tmp_path) -> None:
         import sys
         sys.modules["torch"] = None  # as if torch were not installed
         import xpuprof
-        from xpuprof.errors import XpuprofError
+        from xpuprof.core.errors import XpuprofError
         try:
             with xpuprof.profile({str(tmp_path / "x")!r}, level="op", framework="torch"):
                 pass
@@ -202,7 +202,9 @@ def test_store_flops_of_a_captured_step_match_flop_counter_mode(tmp_path) -> Non
     from torch import nn
     from torch.utils.flop_counter import FlopCounterMode
 
-    from xpuprof.trace.flops import EXACT_KINDS, op_kind, outermost
+    from xpuprof.costmodel.call import EXACT_KINDS
+    from xpuprof.costmodel.ops import op_kind
+    from xpuprof.trace.tree import outermost
 
     torch.manual_seed(0)
     model = nn.Sequential(

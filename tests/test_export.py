@@ -19,9 +19,9 @@ import pyarrow.compute as pc
 import pytest
 
 import xpuprof
-from xpuprof.errors import XpuprofError
-from xpuprof.formats import chrome
-from xpuprof.formats.chrome import export_chrome
+from xpuprof.core.errors import XpuprofError
+from xpuprof.export import chrome
+from xpuprof.export.chrome import export_chrome
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

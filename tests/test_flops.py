@@ -1,4 +1,4 @@
-"""FLOPs and bytes derived from recorded shapes (``xpuprof.trace.flops``).
+"""FLOPs and bytes derived from recorded shapes (``xpuprof.costmodel``).
 
 The peer is ``torch.utils.flop_counter.FlopCounterMode`` run on the same model with the same
 inputs: it counts at dispatch time from real tensors, we count afterwards from the profiler's
@@ -19,17 +19,11 @@ import pyarrow as pa
 import pytest
 from conftest import EXAMPLE, NO_SHARED, kineto_files, read_text
 
-from xpuprof.trace.flops import (
-    CONV_FORWARD,
-    EXACT_KINDS,
-    ITEMSIZE,
-    SCALAR_TYPE_ITEMSIZE,
-    derive,
-    op_cost,
-    op_kind,
-    outermost,
-    supported_ops,
-)
+from xpuprof.costmodel.call import EXACT_KINDS, ITEMSIZE, SCALAR_TYPE_ITEMSIZE
+from xpuprof.costmodel.conv import CONV_FORWARD
+from xpuprof.costmodel.derive import derive
+from xpuprof.costmodel.ops import op_cost, op_kind, supported_ops
+from xpuprof.trace.tree import outermost
 
 # ----------------------------------------------------------------------------------------------
 # helpers: profile a function, read its cpu_op events with json, nest them, count FLOPs both ways

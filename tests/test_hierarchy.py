@@ -267,7 +267,7 @@ LEAF_OPS = {"Linear": "aten::linear", "LayerNorm": "aten::layer_norm", "GELU": "
 @pytest.fixture(scope="module")
 def demo_capture(tmp_path_factory):
     pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
-    from xpuprof.demo import Trainer
+    from xpuprof.workloads.demo import Trainer
 
     trainer = Trainer(batch=4, seq=32, layers=2)
     trainer.step()  # warm up outside the capture

@@ -29,7 +29,7 @@ JOB = textwrap.dedent(
     import sys, time
     import torch
     import xpuprof
-    from xpuprof.demo import Trainer
+    from xpuprof.workloads.demo import Trainer
 
     # one intra-op thread: on a 2-core machine shared with the test, OpenMP barriers of tiny
     # ops would otherwise make the step rate swing by 10x and say nothing about the capture

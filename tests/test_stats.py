@@ -28,7 +28,7 @@ def torch_run(tmp_path_factory) -> dict:
     pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from xpuprof.demo import Trainer
+    from xpuprof.workloads.demo import Trainer
 
     out = tmp_path_factory.mktemp("torch_stats")
     trainer = Trainer(batch=4, seq=32, layers=2)
@@ -178,7 +178,7 @@ def test_op_device_time_on_a_gpu_trace(nccl) -> None:
 @pytest.fixture(scope="module")
 def demo_capture(tmp_path_factory):
     pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
-    from xpuprof.demo import Trainer
+    from xpuprof.workloads.demo import Trainer
 
     trainer = Trainer(batch=4, seq=32, layers=2)
     trainer.step()

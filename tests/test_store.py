@@ -20,7 +20,7 @@ import pytest
 from conftest import EXAMPLE, read_trace_json
 
 import xpuprof
-from xpuprof.errors import XpuprofError
+from xpuprof.core.errors import XpuprofError
 
 TABLES = ("events", "flows", "links", "counters", "metadata")
 

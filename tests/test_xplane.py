@@ -22,7 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from xpuprof.errors import TraceFormatError, XpuprofError
+from xpuprof.core.errors import TraceFormatError, XpuprofError
+from xpuprof.core.names import LEVELS
+from xpuprof.core.raw import RAW_SCHEMA
 from xpuprof.formats.xplane import (
     XPLANE_CATEGORY_LEVEL,
     XPLANE_DEVICE_CATEGORIES,
@@ -30,9 +32,7 @@ from xpuprof.formats.xplane import (
     find_xplane_files,
     read_xplane,
 )
-from xpuprof.names import LEVELS
-from xpuprof.raw import RAW_SCHEMA
-from xpuprof.trace import build
+from xpuprof.trace import normalize as build
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 TPU = TRACES / "xplane" / "tpu_v6e_4chip_inference.xplane.pb"

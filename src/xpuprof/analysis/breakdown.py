@@ -81,7 +81,7 @@ from xpuprof.analysis.common import (
     kernel_type,
     merge_intervals,
 )
-from xpuprof.errors import XpuprofError
+from xpuprof.core.errors import XpuprofError
 
 if TYPE_CHECKING:
     import pyarrow as pa

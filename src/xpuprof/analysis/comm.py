@@ -193,7 +193,7 @@ def _comm_bytes(args: dict[str, Any]) -> float | None:
 
 def _tensor_bytes(args: dict[str, Any]) -> float | None:
     """The largest tensor of an op's ``Input Dims``/``Input type``."""
-    from xpuprof.trace.flops import ITEMSIZE
+    from xpuprof.costmodel.call import ITEMSIZE
 
     dims, types = args.get("Input Dims"), args.get("Input type")
     if not isinstance(dims, list) or not isinstance(types, list):

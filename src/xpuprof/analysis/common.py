@@ -10,11 +10,12 @@ maximum, not a Python loop.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+
+from xpuprof.core.result import Result  # noqa: F401  (re-exported: tools import it from here)
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -25,30 +26,6 @@ COMMUNICATION, MEMORY, COMPUTATION, OTHER = "COMMUNICATION", "MEMORY", "COMPUTAT
 
 #: Levels of work that runs on a device.
 DEVICE_LEVELS = ("kernel", "collective", "memcpy", "memset")
-
-
-@dataclass
-class Result:
-    """A tool's tables plus the notes a user must read with them: what could not be computed
-    and why (no device events, no steps, no shapes…), never a silently wrong number."""
-
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def __getitem__(self, name: str) -> pd.DataFrame:
-        return self.tables[name]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data: missing values (NaN, NA) become None."""
-        import json
-
-        return {
-            "tables": {
-                k: json.loads(v.to_json(orient="records", date_format="iso"))
-                for k, v in self.tables.items()
-            },
-            "notes": self.notes,
-        }
 
 
 def where_clause(

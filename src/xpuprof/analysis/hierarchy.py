@@ -63,8 +63,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xpuprof.analysis.common import DEVICE_LEVELS, where_clause
-from xpuprof.errors import XpuprofError
-from xpuprof.names import LEVELS
+from xpuprof.core.errors import XpuprofError
+from xpuprof.core.names import LEVELS
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -217,7 +217,7 @@ def _depth_groups(parent: np.ndarray, depth: np.ndarray) -> list[np.ndarray]:
         depth = np.zeros(len(parent), np.int64)
     ok = parent >= 0
     if ok.any() and not (depth[parent[ok]] + 1 == depth[ok]).all():
-        from xpuprof.trace.build import depths
+        from xpuprof.trace.normalize import depths
 
         depth = depths(parent).astype(np.int64)
     if not len(depth):
@@ -421,7 +421,7 @@ def _layers(t: Tree) -> np.ndarray:
     parent is a layer or step span, or none — and everything below inherits through
     ``parent``, so an op's subtree stays in one layer.
     """
-    from xpuprof.trace.build import nest
+    from xpuprof.trace.normalize import nest
 
     n = t.n
     lv = t.level

@@ -11,7 +11,7 @@ For a piece of work with ``F`` FLOPs moving ``B`` bytes in time ``t`` on a devic
   (copies). Without bytes only the compute roof applies (bound "unknown", % of ``P``).
 
 **Ops** (``ops`` table): framework ops with FLOPs, summed without double counting — the outermost
-op of each nest (``xpuprof.trace.flops.outermost``: ``aten::linear`` and not its ``aten::addmm``
+op of each nest (``xpuprof.trace.tree.outermost``: ``aten::linear`` and not its ``aten::addmm``
 child), since ``events.flops``/``bytes`` are inclusive. Time is the device time of the kernels,
 copies and sets the op launched (runtime call → kernel by correlation id, runtime call → op by its
 parent chain), or, for an op of a source with no device activity (a CPU trace), the op's own
@@ -57,7 +57,7 @@ import pandas as pd
 
 from xpuprof.analysis.common import Result
 from xpuprof.analysis.memory import ancestor, host_tree, level_mask
-from xpuprof.errors import XpuprofError
+from xpuprof.core.errors import XpuprofError
 from xpuprof.hardware import specs as hw
 
 if TYPE_CHECKING:
@@ -277,7 +277,9 @@ def roofline(
     micro-benchmark (CPU ops then have no roof). Tables: ``ops``, ``by_name`` (ops grouped by
     name, precision and device, largest device time first), ``kernels`` and ``devices``.
     """
-    from xpuprof.trace.flops import EXACT_KINDS, op_kind, outermost
+    from xpuprof.costmodel.call import EXACT_KINDS
+    from xpuprof.costmodel.ops import op_kind
+    from xpuprof.trace.tree import outermost
 
     res = Result()
     devs = _Devices(trace, device, calibrate)
@@ -384,7 +386,7 @@ def roofline(
         res.notes.append(
             "no framework-op FLOPs: the trace records no input shapes (torch.profiler "
             "record_shapes=True, or xpuprof.profile(level='full')), or its ops are not ones "
-            "xpuprof can cost (xpuprof.trace.flops.supported_ops()); the ops table is empty"
+            "xpuprof can cost (xpuprof.costmodel.ops.supported_ops()); the ops table is empty"
             + (
                 " (kernel-level FLOPs from the trace are in the kernels table)."
                 if len(res.tables["kernels"])

@@ -66,7 +66,7 @@ from xpuprof.analysis.hierarchy import (
     roll_up,
     tree,
 )
-from xpuprof.errors import XpuprofError
+from xpuprof.core.errors import XpuprofError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -146,7 +146,7 @@ def op_stats(
     ``max_ns``, ``self_mean_ns``, ``device_ns``, ``self_device_ns``, ``kernels``, ``flops``,
     ``flops_outermost``, ``flops_per_s``; most self time first. See the module docstring for
     the rules; ``attrs["notes"]`` says what could not be computed."""
-    from xpuprof.trace.flops import outermost
+    from xpuprof.trace.tree import outermost
 
     ranks, steps = _ranks_list(ranks), _steps_list(steps)
     t = tree(trace, ranks)

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from xpuprof.errors import XpuprofError
+from xpuprof.core.errors import XpuprofError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -522,7 +522,7 @@ class Collected:
         import numpy as np
         import pyarrow as pa
 
-        from xpuprof.raw import KINDS, RAW_SCHEMA
+        from xpuprof.core.raw import KINDS, RAW_SCHEMA
 
         enc = msgspec.json.Encoder(enc_hook=str)
         t0: list[int] = []

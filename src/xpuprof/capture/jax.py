@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpuprof.errors import XpuprofError
+from xpuprof.core.errors import XpuprofError
 
 _EXTRA = "pip install 'xpuprof[jax]' (or: pip install jax jaxlib)"
 

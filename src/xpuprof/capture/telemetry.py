@@ -130,7 +130,7 @@ class Telemetry:
         """The samples as raw ``C`` (counter) entries, one per sample and source."""
         import pyarrow as pa
 
-        from xpuprof.raw import RAW_SCHEMA
+        from xpuprof.core.raw import RAW_SCHEMA
 
         n = len(self.samples)
         cols: dict[str, Any] = {name: [None] * n for name in RAW_SCHEMA.names}

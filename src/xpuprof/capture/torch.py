@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from xpuprof.errors import XpuprofError
+from xpuprof.core.errors import XpuprofError
 
 
 def require_torch() -> Any:
@@ -171,7 +171,7 @@ class LayerSpans:
         """Layer spans as raw ``X`` entries (category ``xpuprof_layer``)."""
         import pyarrow as pa
 
-        from xpuprof.raw import RAW_SCHEMA
+        from xpuprof.core.raw import RAW_SCHEMA
 
         rows = [(tid, r) for tid, buf in self._buffers for r in buf]
         if self._converter is not None:

@@ -38,8 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xpuprof.errors import TraceFormatError
-from xpuprof.raw import _DICT, KINDS, RAW_SCHEMA, Dropped, RawTrace
+from xpuprof.core.errors import TraceFormatError
+from xpuprof.core.raw import DICT_STRING, KINDS, RAW_SCHEMA, Dropped, RawTrace
 
 #: JSON text decoded per chunk; large enough to amortise per-call costs, small enough to bound RSS.
 CHUNK_BYTES = 4 << 20
@@ -426,16 +426,16 @@ def _columns(
     sel = _ARGS_DEC.decode(b"[" + b",".join([a or b"null" for a in args]) + b"]")
     cols: dict[str, pa.Array] = {
         "index": pa.array(np.arange(index0, index0 + n, dtype=np.int64)),
-        "ph": _string_column(ph, _DICT),
-        "cat": _string_column([e.cat for e in evs], _DICT),
-        "name": _string_column([e.name for e in evs], _DICT),
+        "ph": _string_column(ph, DICT_STRING),
+        "cat": _string_column([e.cat for e in evs], DICT_STRING),
+        "name": _string_column([e.name for e in evs], DICT_STRING),
         "pid": ctx.ids("pid", [e.pid for e in evs]),
         "tid": ctx.ids("tid", [e.tid for e in evs]),
         "ts": _raw_strings([e.ts for e in evs]),
         "dur": _raw_strings([e.dur for e in evs]),
         "flow_id": _id_column([e.id for e in evs]),
-        "bp": _string_column([e.bp for e in evs], _DICT),
-        "scope": _string_column([e.s for e in evs], _DICT),
+        "bp": _string_column([e.bp for e in evs], DICT_STRING),
+        "scope": _string_column([e.s for e in evs], DICT_STRING),
         "args": _raw_strings(args),
         "extra": pa.array(extra if extra is not None else [None] * n, pa.large_string()),
     }
@@ -865,7 +865,7 @@ def read_kineto(
     """Read one Kineto / Chrome-trace JSON file (plain or gzip) into raw columns.
 
     ``progress`` is called with the number of decompressed bytes consumed so far.
-    Raises :class:`~xpuprof.errors.TraceFormatError` on damage unless ``lenient``.
+    Raises :class:`~xpuprof.core.errors.TraceFormatError` on damage unless ``lenient``.
     """
     p = Path(path)
     if not p.is_file():

@@ -7,7 +7,7 @@ its occurrences (name, HLO text, per-op constants such as ``flops`` and ``bytes_
 carries its own stats. The file is decoded with our own compiled copy of ``xplane.proto``
 (``formats/proto``), so only ``protobuf`` is needed, never TensorFlow.
 
-How an XSpace becomes the raw tables of ``xpuprof.raw`` (what ``trace.build`` normalises):
+How an XSpace becomes the raw tables of ``xpuprof.core.raw`` (what ``trace.build`` normalises):
 
 * **One ``X`` row per XEvent**, none dropped, in file order (plane, line, event). Zero-length
   events stay ``X`` rows with ``dur`` 0.
@@ -57,7 +57,7 @@ How an XSpace becomes the raw tables of ``xpuprof.raw`` (what ``trace.build`` no
   XSpace go to ``top`` too.
 
 Damage: a file that is not an XSpace, or is truncated or corrupt, raises
-:class:`~xpuprof.errors.TraceFormatError` naming the file, the byte offset (in the decompressed
+:class:`~xpuprof.core.errors.TraceFormatError` naming the file, the byte offset (in the decompressed
 data for ``.gz``) and protobuf's own DecodeError message. The XSpace is walked plane by plane
 (its top level with a small wire-format reader, each plane with protobuf), so with
 ``lenient=True`` the planes that decode are kept and each damaged one is reported in
@@ -86,14 +86,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xpuprof.errors import TraceFormatError
-from xpuprof.raw import KINDS, RAW_SCHEMA, Dropped, RawTrace
+from xpuprof.core.errors import TraceFormatError
+from xpuprof.core.raw import KINDS, RAW_SCHEMA, Dropped, RawTrace
 
 # ----------------------------------------------------------------------------------------------
 # Categories and levels
 # ----------------------------------------------------------------------------------------------
 
-#: Category → across-stack level (``xpuprof.names.LEVELS``). Why each:
+#: Category → across-stack level (``xpuprof.core.names.LEVELS``). Why each:
 XPLANE_CATEGORY_LEVEL: dict[str, str] = {
     # Device ``Steps`` line (TPU) and host step markers (``jax.profiler.StepTraceAnnotation``,
     # TF's step TraceMes: events with a ``step_num`` stat): what XProf's step view is built on.
@@ -1093,7 +1093,7 @@ def read_xplane(
     """Read one XPlane file (``.xplane.pb``, plain or gzip) into raw columns.
 
     ``progress`` is called with the number of (decompressed) bytes read so far, plane by plane.
-    Raises :class:`~xpuprof.errors.TraceFormatError` on damage unless ``lenient``; then the
+    Raises :class:`~xpuprof.core.errors.TraceFormatError` on damage unless ``lenient``; then the
     planes that decode are kept and each damaged piece is listed in ``dropped``.
     """
     p = Path(path)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpuprof.errors import TraceFormatError, XpuprofError
+from xpuprof.core.errors import TraceFormatError, XpuprofError
 from xpuprof.trace import store as st
 
 #: Below this much input, import in-process: a LocalCluster's start-up would cost more.
@@ -204,7 +204,7 @@ def write_raw(
     entry (without the source file's path, size and mtime, which the caller knows)."""
     import pyarrow.compute as pc
 
-    from xpuprof.trace.build import build_tables
+    from xpuprof.trace.normalize import build_tables
 
     dist = raw.top.get("distributedInfo")
     rank, rank_from = None, None
@@ -355,7 +355,7 @@ def _run(
         # start in 0.1 s with pyarrow, numpy and msgspec loaded, instead of spawning fresh
         # interpreters that import everything again (about 0.8 s before the first file).
         import xpuprof.formats.kineto  # noqa: F401
-        import xpuprof.trace.build  # noqa: F401
+        import xpuprof.trace.normalize  # noqa: F401
 
         if any(".xplane.pb" in p.name for p, _ in jobs):  # protobuf only where it is needed
             import xpuprof.formats.proto.xplane_pb2  # noqa: F401

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xpuprof.errors import StoreError
-from xpuprof.names import TABLES
+from xpuprof.core.errors import StoreError
+from xpuprof.core.names import TABLES
 
 if TYPE_CHECKING:
     import pyarrow as pa

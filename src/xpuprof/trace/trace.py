@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from xpuprof.errors import XpuprofError
-from xpuprof.schema import SCHEMAS, TABLES
+from xpuprof.core.errors import XpuprofError
+from xpuprof.core.schema import SCHEMAS, TABLES
 from xpuprof.trace import store as st
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from xpuprof.errors import XpuprofError
-from xpuprof.names import LEVELS, TABLES
+from xpuprof.core.errors import XpuprofError
+from xpuprof.core.names import LEVELS, TABLES
 
 app = typer.Typer(
     add_completion=False,
@@ -289,7 +289,7 @@ def export(
     """Write a store back out as a Chrome trace (opens in Perfetto and chrome://tracing)."""
     if fmt != "chrome":
         _fail(XpuprofError(f"unknown export format {fmt!r}; formats: chrome"))
-    from xpuprof.formats.chrome import export_chrome
+    from xpuprof.export.chrome import export_chrome
     from xpuprof.trace.trace import Trace
 
     try:
@@ -333,7 +333,7 @@ def capture(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Capture a running job on demand (the job runs xpuprof.serve) into a store."""
-    from xpuprof.remote import request_capture
+    from xpuprof.live.remote import request_capture
 
     try:
         seconds = _seconds(duration)
@@ -374,16 +374,16 @@ def demo(
         have_torch = False
     try:
         if have_torch:
-            import xpuprof
-            from xpuprof.demo import Trainer
+            from xpuprof.live.profile import profile, step
+            from xpuprof.workloads.demo import Trainer
 
             trainer = Trainer()
             trainer.step()  # the first step allocates and warms up: not what a user measures
             if not as_json:
                 err.print(f"training the demo transformer for {steps} steps at level {level!r}…")
-            with xpuprof.profile(store, level=level, model=trainer.model):
+            with profile(store, level=level, model=trainer.model):
                 for i in range(steps):
-                    xpuprof.step(i)
+                    step(i)
                     trainer.step()
         else:
             from importlib.resources import files

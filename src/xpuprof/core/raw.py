@@ -49,23 +49,23 @@ class RawTrace:
 #: How entries are split as they are read: by phase, into the tables they will feed.
 KINDS = ("events", "flows", "counters", "metadata")
 
-_DICT = pa.dictionary(pa.int32(), pa.string())
+DICT_STRING = pa.dictionary(pa.int32(), pa.string())
 
 #: Columns of every raw table. Times are int64 ns; ``args``/``extra`` JSON object text;
 #: ``correlation``..``bytes_arg`` are the few args lifted into typed columns.
 RAW_SCHEMA = pa.schema(
     [
         ("index", pa.int64()),
-        ("ph", _DICT),
-        ("cat", _DICT),
-        ("name", _DICT),
+        ("ph", DICT_STRING),
+        ("cat", DICT_STRING),
+        ("name", DICT_STRING),
         ("pid", pa.int64()),
         ("tid", pa.int64()),
         ("ts", pa.int64()),
         ("dur", pa.int64()),
         ("flow_id", pa.string()),
-        ("bp", _DICT),
-        ("scope", _DICT),
+        ("bp", DICT_STRING),
+        ("scope", DICT_STRING),
         ("args", pa.large_string()),
         ("extra", pa.large_string()),
         ("correlation", pa.int64()),

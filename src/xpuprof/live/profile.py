@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xpuprof.errors import XpuprofError
+from xpuprof.core.errors import XpuprofError
 
 CAPTURE_LEVELS = ("step", "layer", "op", "full")
 
@@ -391,7 +391,7 @@ class Halted:
 
         import pyarrow as pa
 
-        from xpuprof.raw import KINDS
+        from xpuprof.core.raw import KINDS
 
         doc = json.loads((workdir / "halted.json").read_text())
         extras = []
@@ -417,7 +417,7 @@ def finish(halted: Halted, out: str | Path) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from xpuprof.raw import RawTrace, concat_tables, count_entries, next_index
+    from xpuprof.core.raw import RawTrace, concat_tables, count_entries, next_index
     from xpuprof.trace.ingest import store_raw
 
     base: RawTrace | None = None

@@ -63,7 +63,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xpuprof.errors import XpuprofError
+from xpuprof.core.errors import XpuprofError
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace

@@ -16,7 +16,7 @@ Conventions that hold for every table:
   beyond 2**63, key order and float spelling survive), ``extra`` the entry's remaining unknown
   top-level keys as a JSON object, or null.
 
-This module imports only ``xpuprof.names`` from the package on purpose: it sits below every
+This module imports only ``xpuprof.core.names`` from the package on purpose: it sits below every
 stage.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from xpuprof.names import ID_SHIFT, LEVELS, TABLES
+from xpuprof.core.names import ID_SHIFT, LEVELS, TABLES
 
 __all__ = ["ID_SHIFT", "LEVELS", "TABLES", "SCHEMAS", "event_id"]
 

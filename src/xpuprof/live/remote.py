@@ -35,7 +35,7 @@ from typing import Any
 from urllib import error as urlerror
 from urllib import request as urlrequest
 
-from xpuprof.errors import XpuprofError
+from xpuprof.core.errors import XpuprofError
 
 #: Longest capture a server accepts (seconds).
 MAX_DURATION_S = 600.0
@@ -59,7 +59,7 @@ class _Request:
 
     def on_step(self) -> None:
         """Called by ``xpuprof.step()`` on the job's thread."""
-        from xpuprof import session as prof_mod
+        from xpuprof.live import profile as prof_mod
 
         try:
             if self.profile is None:
@@ -132,7 +132,7 @@ class CaptureServer:
 
     def capture(self, duration: float, level: str) -> bytes:
         """Run one capture on the job's steps and return the store as a tar archive."""
-        from xpuprof import session as prof_mod
+        from xpuprof.live import profile as prof_mod
 
         req = _Request(level, self.model)
         prof_mod._REMOTE = req
@@ -159,7 +159,7 @@ class CaptureServer:
         try:
             # normalise and write in another process: the job keeps its core and its GIL
             done = subprocess.run(
-                [sys.executable, "-m", "xpuprof.remote", "finish", str(work), str(out)],
+                [sys.executable, "-m", "xpuprof.live.remote", "finish", str(work), str(out)],
                 capture_output=True,
                 text=True,
             )
@@ -320,11 +320,11 @@ def request_capture(
 
 
 def _main(argv: list[str]) -> int:
-    """``python -m xpuprof.remote finish WORKDIR STORE``: the out-of-process half."""
+    """``python -m xpuprof.live.remote finish WORKDIR STORE``: the out-of-process half."""
     if len(argv) != 3 or argv[0] != "finish":
-        print("usage: python -m xpuprof.remote finish WORKDIR STORE", file=sys.stderr)
+        print("usage: python -m xpuprof.live.remote finish WORKDIR STORE", file=sys.stderr)
         return 2
-    from xpuprof.session import Halted, finish
+    from xpuprof.live.profile import Halted, finish
 
     finish(Halted.load(Path(argv[1])), argv[2])
     return 0

@@ -1,0 +1,200 @@
+"""Nesting on a timeline track, and binding flow entries to the slices they belong to.
+
+Pure numpy over whole columns: these are the timeline facts every later stage relies on
+(``parent``/``depth`` of each event, the event each flow entry binds to), computed once at import
+by the normaliser (``trace/normalize.py``) and reused by the analyses that need to nest events of
+their own (``analysis/hierarchy.py`` for layer spans on another clock).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def nest(
+    pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray, slice_mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Nest events on their track (pid, tid); returns (order, parent_pos, end, is_slice).
+
+    ``order`` sorts events by (pid, tid, ts, longest first); ``parent_pos[k]`` is the position
+    in that order of the parent of ``order[k]`` (-1: none). A slice contains what starts within
+    it and ends no later; an instant (``slice_mask`` False) never contains anything.
+
+    The parent of k is the nearest earlier event on the track whose end is at least k's end.
+    Found by pointer jumping: each event starts at its predecessor and, while that candidate
+    ends too early, jumps to the candidate's own candidate — everything skipped ends earlier
+    still. All events jump together, so the rounds grow with the log of the sibling count.
+    """
+    n = len(ts)
+    order = np.lexsort((-dur, ts, tid, pid))
+    s = ts[order]
+    q = s + dur[order]  # where each event ends, as a query
+    sl = slice_mask[order]
+    e = np.where(sl, q, s - 1)  # how far each event reaches, as a candidate parent
+    del s
+    p = np.arange(-1, n - 1, dtype=np.int64)
+    if not n:
+        return order, p, e, sl
+    op, ot = pid[order], tid[order]
+    first = np.ones(n, dtype=bool)
+    first[1:] = (op[1:] != op[:-1]) | (ot[1:] != ot[:-1])
+    del op, ot
+    p[first] = -1
+    # Shortcut: an event that ends after everything before it on its track has no parent;
+    # most device events are such, and settling them now spares them the jumping.
+    track = np.cumsum(first) - 1
+    lo, span = int(e.min()), int(max(e.max(), q.max())) - int(e.min()) + 1
+    if span < (1 << 62) // max(int(track[-1]) + 1, 1):
+        reach = np.maximum.accumulate(track * span + (e - lo))
+        before = np.empty(n, dtype=np.int64)
+        before[0] = -1
+        before[1:] = reach[:-1]
+        p[~first & (before < track * span + (q - lo))] = -1
+        del reach, before
+    del track, first
+    active = np.flatnonzero(p >= 0)
+    while active.size:
+        cand = p[active]
+        ok = (cand < 0) | (e[np.maximum(cand, 0)] >= q[active])
+        move = active[~ok]
+        p[move] = p[cand[~ok]]
+        active = move
+    return order, p, e, sl
+
+
+def match_correlation(
+    ev_corr: np.ndarray,
+    ev_pid: np.ndarray,
+    ev_tid: np.ndarray,
+    ev_ts: np.ndarray,
+    corr: np.ndarray,
+    pid: np.ndarray,
+    tid: np.ndarray,
+    ts: np.ndarray,
+) -> np.ndarray:
+    """Row of the event with correlation ``corr`` on track (pid, tid) for each query, -1 when
+    none; when several share it (an MTIA launch runs several device events), the one starting
+    at ``ts``, else the first."""
+    out = np.full(len(corr), -1, dtype=np.int64)
+    have = np.flatnonzero(ev_corr >= 0)
+    if not have.size or not len(corr):
+        return out
+    o = have[np.lexsort((have, ev_tid[have], ev_pid[have], ev_corr[have]))]
+    c_sorted = ev_corr[o]
+    lo = np.searchsorted(c_sorted, corr, side="left")
+    hi = np.searchsorted(c_sorted, corr, side="right")
+    # the few events sharing a correlation id (launch, kernel, sync) are scanned in lockstep,
+    # first for one that also starts at ts, then for any
+    width = int((hi - lo).max(initial=0))
+    for exact in (True, False):
+        for k in range(width):
+            pos = lo + k
+            live = (pos < hi) & (out < 0)
+            if not live.any():
+                break
+            cand = o[np.minimum(pos, len(o) - 1)]
+            m = live & (ev_pid[cand] == pid) & (ev_tid[cand] == tid)
+            if exact:
+                m &= ev_ts[cand] == ts
+            out[m] = cand[m]
+    return out
+
+
+def depths(parent_pos: np.ndarray) -> np.ndarray:
+    """Depth of each position (0 at top level); parents always precede their children."""
+    depth = np.zeros(len(parent_pos), dtype=np.int16)
+    has = np.flatnonzero(parent_pos >= 0)
+    # Resolve level by level: positions whose parent is settled get parent depth + 1.
+    settled = parent_pos < 0
+    while has.size:
+        ready = settled[parent_pos[has]]
+        idx = has[ready]
+        depth[idx] = depth[parent_pos[idx]] + 1
+        settled[idx] = True
+        has = has[~ready]
+    return depth
+
+
+def bind_flows(
+    order: np.ndarray,
+    parent_pos: np.ndarray,
+    end: np.ndarray,
+    is_slice: np.ndarray,
+    ev_pid: np.ndarray,
+    ev_tid: np.ndarray,
+    ev_ts: np.ndarray,
+    fl_pid: np.ndarray,
+    fl_tid: np.ndarray,
+    fl_ts: np.ndarray,
+    fl_next: np.ndarray,
+) -> np.ndarray:
+    """Row (in the events table) of the slice each flow entry binds to, -1 when none.
+
+    Enclosing binding takes the innermost slice on the flow's track that contains its ts;
+    ``fl_next`` rows (an ``f`` without ``bp: "e"``) take the first slice starting at or after it.
+    """
+    out = np.full(len(fl_ts), -1, dtype=np.int64)
+    if not len(fl_ts) or not len(order):
+        return out
+    # track boundaries in sorted order, one sorted column at a time (a 2 GB trace has 5 M
+    # events: every full-length temporary here is 40 MB)
+    change = np.zeros(len(order), dtype=bool)
+    change[0] = True
+    for col in (ev_pid, ev_tid):
+        sorted_col = col[order]
+        change[1:] |= sorted_col[1:] != sorted_col[:-1]
+        del sorted_col
+    bounds = np.flatnonzero(change)
+    del change
+    first_rows = order[bounds]
+    starts = dict(
+        zip(
+            zip(ev_pid[first_rows].tolist(), ev_tid[first_rows].tolist(), strict=True),
+            bounds.tolist(),
+            strict=True,
+        )
+    )
+    s_ts = ev_ts[order]
+    ends = np.r_[bounds[1:], len(order)]
+    end_of = dict(zip(bounds.tolist(), ends.tolist(), strict=True))
+    # next slice at or after each position (for "next slice" binding)
+    if fl_next.any():
+        nxt = np.where(is_slice, np.arange(len(order)), len(order))
+        nxt = np.minimum.accumulate(nxt[::-1])[::-1]
+    else:
+        nxt = np.zeros(1, dtype=np.int64)
+    pos = np.full(len(fl_ts), -1, dtype=np.int64)
+    # group the flow entries by track without a Python loop over entries
+    f_order = np.lexsort((fl_tid, fl_pid))
+    fp, ft = fl_pid[f_order], fl_tid[f_order]
+    f_bounds = np.flatnonzero(np.r_[True, (fp[1:] != fp[:-1]) | (ft[1:] != ft[:-1])])
+    f_ends = np.r_[f_bounds[1:], len(f_order)]
+    for g0, g1 in zip(f_bounds.tolist(), f_ends.tolist(), strict=True):
+        lo = starts.get((int(fp[g0]), int(ft[g0])))
+        if lo is None:
+            continue
+        hi = end_of[lo]
+        rows = f_order[g0:g1]
+        t = fl_ts[rows]
+        is_next = fl_next[rows]
+        if is_next.any():
+            first_ge = lo + np.searchsorted(s_ts[lo:hi], t[is_next], side="left")
+            nx = np.where(first_ge < hi, nxt[np.minimum(first_ge, len(order) - 1)], hi)
+            pos[rows[is_next]] = np.where(nx < hi, nx, -1)
+        enc = ~is_next
+        c = lo + np.searchsorted(s_ts[lo:hi], t[enc], side="right") - 1
+        c = np.where(c < lo, -1, c)
+        tt = t[enc]
+        r = rows[enc]
+        # walk up until a slice that contains the flow's ts
+        while True:
+            valid = c >= 0
+            good = valid & is_slice[np.maximum(c, 0)] & (end[np.maximum(c, 0)] >= tt)
+            done = ~valid | good
+            pos[r[done]] = np.where(good[done], c[done], -1)
+            if done.all():
+                break
+            c, tt, r = parent_pos[c[~done]], tt[~done], r[~done]
+    ok = pos >= 0
+    out[ok] = order[pos[ok]]
+    return out
