@@ -10,7 +10,7 @@ maximum, not a Python loop.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -27,10 +27,59 @@ COMMUNICATION, MEMORY, COMPUTATION, OTHER = "COMMUNICATION", "MEMORY", "COMPUTAT
 #: Levels of work that runs on a device.
 DEVICE_LEVELS = ("kernel", "collective", "memcpy", "memset")
 
+#: What every tool's ``steps`` accepts: ``None`` or ``"all"`` (every step: the default of every
+#: tool), step numbers, or ``"drop-last"`` (HTA's default: leave out each rank's last profiler
+#: step, which a trace usually stops inside). ``"drop_last"`` is accepted as a spelling of it.
+StepSelection = Iterable[int] | Literal["all", "drop-last", "drop_last"] | None
+
+
+def step_mode(
+    steps: StepSelection, *, hta_compatible: bool = False
+) -> tuple[Literal["all", "drop-last", "list"], list[int] | None]:
+    """A step selection as ``(mode, numbers)``: ``("all", None)``, ``("drop-last", None)`` or
+    ``("list", [numbers])``. ``None`` means every step, except with ``hta_compatible``, where
+    it means what HTA does by default: drop the last step."""
+    from xpuprof.core.errors import XpuprofError
+
+    if steps is None:
+        return ("drop-last", None) if hta_compatible else ("all", None)
+    if isinstance(steps, str):
+        if steps == "all":
+            return "all", None
+        if steps in ("drop-last", "drop_last"):
+            return "drop-last", None
+        raise XpuprofError(f"steps must be 'all', 'drop-last' or step numbers, not {steps!r}")
+    try:
+        return "list", [int(s) for s in steps]
+    except (TypeError, ValueError):
+        raise XpuprofError(
+            f"steps must be 'all', 'drop-last' or step numbers, not {steps!r}"
+        ) from None
+
+
+def steps_where(steps: StepSelection, *, alias: str = "", hta_compatible: bool = False) -> str:
+    """SQL predicate over the events table selecting the events of a step selection (``true``
+    for all steps). ``drop-last`` leaves out, per rank with at least two step spans, the events
+    of its last step; events outside any step are kept."""
+    mode, numbers = step_mode(steps, hta_compatible=hta_compatible)
+    p = f"{alias}." if alias else ""
+    if mode == "all":
+        return "true"
+    if mode == "list":
+        return f"{p}step in ({', '.join(map(str, numbers)) or 'null'})"  # type: ignore[arg-type]
+    last = (
+        "select coalesce(rank, -1) as r, max(step) as s from events where level = 'step' "
+        "group by 1 having count(*) >= 2"
+    )
+    return (
+        f"not exists (select 1 from ({last}) last_step where last_step.r = coalesce({p}rank, -1)"
+        f" and last_step.s = {p}step)"
+    )
+
 
 def where_clause(
     ranks: Iterable[int] | None = None,
-    steps: Iterable[int] | None = None,
+    steps: StepSelection = None,
     levels: Iterable[str] | None = None,
     alias: str = "",
 ) -> str:
@@ -40,7 +89,7 @@ def where_clause(
     if ranks is not None:
         parts.append(f"{p}rank in ({', '.join(str(int(r)) for r in ranks)})")
     if steps is not None:
-        parts.append(f"{p}step in ({', '.join(str(int(s)) for s in steps)})")
+        parts.append(steps_where(steps, alias=alias))
     if levels is not None:
         parts.append(f"{p}level in ({', '.join(repr(str(lv)) for lv in levels)})")
     return " and ".join(parts)

@@ -62,6 +62,13 @@ class Trace:
         if self._cleanup is not None:
             self._finalizer()
 
+    @cached_property
+    def memo(self) -> dict[Any, Any]:
+        """Derived data that analyses cache on this Trace (the event tree, resolved ancestry,
+        selected device work…), keyed by what it was computed from. A store never changes
+        while it is open, and the cache goes with the Trace: nothing is kept at module level."""
+        return {}
+
     # -- metadata ----------------------------------------------------------------------------
 
     @property
