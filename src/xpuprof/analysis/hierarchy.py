@@ -64,7 +64,7 @@ import pyarrow.compute as pc
 
 from xpuprof.analysis.common import DEVICE_LEVELS, where_clause
 from xpuprof.core.errors import XpuprofError
-from xpuprof.core.names import LEVELS
+from xpuprof.core.names import LAUNCH_FLOW_KINDS, LEVELS
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -76,8 +76,6 @@ _STEP, _LAYER, _OP, _RUNTIME = (LEVEL_CODE[x] for x in ("step", "layer", "op", "
 _ANNOTATION = LEVEL_CODE["annotation"]
 _DEVICE_CODES = np.array([LEVEL_CODE[x] for x in DEVICE_LEVELS], np.int8)
 
-#: Flow kinds that join a host call to the device work it launched (as in trace/build.py).
-LAUNCH_KINDS = frozenset({"ac2g", "async", "async_gpu", "async_cpu_to_gpu"})
 BACKWARD_KIND = "fwdbwd"
 EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
 _BACKWARD_NAME = re.compile(r"Backward\d*$")
@@ -318,7 +316,7 @@ def _launches(trace: Trace, t: Tree, links: pd.DataFrame) -> None:
     t.launch = np.full(t.n, -1, np.int64)
     t.via = np.full(t.n, -1, np.int8)
     host = ~dev
-    lk = links[links.kind.isin(LAUNCH_KINDS)]
+    lk = links[links.kind.isin(LAUNCH_FLOW_KINDS)]
     if len(lk):
         s = _rows_of(t.ids, lk.src.to_numpy(np.int64))
         d = _rows_of(t.ids, lk.dst.to_numpy(np.int64))

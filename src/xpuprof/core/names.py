@@ -23,3 +23,7 @@ TABLES: tuple[str, ...] = ("events", "flows", "links", "counters", "metadata")
 
 #: Bits of an event id that hold the source index; the part number sits above them.
 ID_SHIFT = 40
+
+#: Flow (and link) kinds that join a host call to the device work it launched: their id is the
+#: correlation id shared by the runtime call and its kernel, copy or set.
+LAUNCH_FLOW_KINDS: frozenset[str] = frozenset({"ac2g", "async", "async_gpu", "async_cpu_to_gpu"})

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xpuprof.core.names import LAUNCH_FLOW_KINDS
 from xpuprof.core.schema import COUNTERS, EVENTS, FLOWS, ID_SHIFT, LEVELS, LINKS, METADATA
 from xpuprof.costmodel.derive import derive as derive_flops
 from xpuprof.formats.xplane import XPLANE_CATEGORY_LEVEL, XPLANE_DEVICE_CATEGORIES
@@ -84,8 +85,6 @@ DEVICE_CATEGORIES = frozenset(
 )
 DEVICE_CATEGORIES = DEVICE_CATEGORIES | XPLANE_DEVICE_CATEGORIES
 
-#: Flow categories whose id is the correlation id of the runtime call and its device work.
-LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async", "async_gpu", "async_cpu_to_gpu"})
 
 #: Step spans: torch.profiler's ``ProfilerStep#N``, xpuprof's own ``step#N``.
 _STEP_NAME = re.compile(r"^(?:ProfilerStep|step)#(\d+)$")
@@ -583,7 +582,7 @@ def _flow_tables(
     # Launch flows carry the correlation id as their id: where an event on the flow's own
     # track has that correlation, it is the one meant, even when a zero-length call starts
     # in the same microsecond and time alone cannot tell them apart.
-    launch = _codes(fl["cat"], lambda c: c.lower() in LAUNCH_FLOW_CATEGORIES, bool)
+    launch = _codes(fl["cat"], lambda c: c.lower() in LAUNCH_FLOW_KINDS, bool)
     if launch.any():
         rows = np.flatnonzero(launch)
         fid = _int_or_null(fl["flow_id"].take(pa.array(rows)))
