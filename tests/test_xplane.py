@@ -183,19 +183,15 @@ def our_line_counts(raw) -> Counter:
 
 
 def build_tables(raw):
-    """Normalise with ``trace.build``, the XPlane categories merged in if it lacks them."""
-    saved = (dict(build._CATEGORY_LEVEL), build.DEVICE_CATEGORIES)
-    build._CATEGORY_LEVEL.update({k: v for k, v in XPLANE_CATEGORY_LEVEL.items()
-                                  if k not in build._CATEGORY_LEVEL})  # fmt: skip
-    build.DEVICE_CATEGORIES = build.DEVICE_CATEGORIES | XPLANE_DEVICE_CATEGORIES
-    try:
-        return build.build_tables(
-            dict(raw.tables), part=0, rank=None, host=None, string_ids=raw.string_ids
-        )
-    finally:
-        build._CATEGORY_LEVEL.clear()
-        build._CATEGORY_LEVEL.update(saved[0])
-        build.DEVICE_CATEGORIES = saved[1]
+    """Normalise with ``trace.normalize``, the vocabulary chosen by the reader's format."""
+    return build.build_tables(
+        dict(raw.tables),
+        part=0,
+        rank=None,
+        host=None,
+        string_ids=raw.string_ids,
+        format=raw.format,
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -27,3 +27,17 @@ ID_SHIFT = 40
 #: Flow (and link) kinds that join a host call to the device work it launched: their id is the
 #: correlation id shared by the runtime call and its kernel, copy or set.
 LAUNCH_FLOW_KINDS: frozenset[str] = frozenset({"ac2g", "async", "async_gpu", "async_cpu_to_gpu"})
+
+#: Categories of xpuprof's own recorders (``capture/``): annotations, step spans, model-layer
+#: spans and telemetry samples. Every source may hold them (a live capture adds them to the
+#: framework's trace), so the normaliser maps them whatever the format.
+CATEGORY_ANNOTATION = "xpuprof_annotation"
+CATEGORY_STEP = "xpuprof_step"
+CATEGORY_LAYER = "xpuprof_layer"
+CATEGORY_TELEMETRY = "xpuprof_telemetry"
+CAPTURE_CATEGORY_LEVELS: dict[str, str] = {
+    CATEGORY_ANNOTATION: "annotation",
+    CATEGORY_STEP: "step",
+    CATEGORY_LAYER: "layer",
+    CATEGORY_TELEMETRY: "other",
+}

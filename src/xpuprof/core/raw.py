@@ -1,9 +1,11 @@
-"""What every importer hands to the normaliser (``trace/build.py``): raw columns in source order,
-split by kind of entry, in one schema whatever the source format.
+"""What every reader hands to the normaliser (``trace/normalize/``): raw columns in source
+order, split by kind of entry, in one schema whatever the source format.
 
 Kineto JSON and XPlane differ in almost everything, but once their entries are columns of
 (phase, category, name, pid, tid, ts, dur, args, …) one normaliser derives levels, nesting,
-steps and links for both, and every later stage sees one data model.
+steps and links for both, and every later stage sees one data model. The ``Reader`` that
+produces a ``RawTrace`` is declared in ``xpuprof.formats`` (it must import without pyarrow);
+what a reader must fill in is in ``docs/formats.md``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class RawTrace:
 
     ``top`` holds the source's file-level facts (Kineto's top-level keys; an XPlane's hosts and
     planes), ``string_ids`` the map of negative pid/tid codes back to the names they replace.
+    ``format`` names the reader that read it (``xpuprof.formats``); the normaliser takes the
+    category vocabulary from that reader.
     """
 
     path: str

@@ -1,7 +1,8 @@
 """The normalized trace schema: the contract between capture, formats, the store and analysis.
 
-Every importer (Kineto JSON today, XPlane next) produces these tables and nothing else, so an
-analysis written against them works on every source. The full description, with the meaning of
+Every source (Kineto / Chrome-trace JSON, XPlane, a live capture, a plug-in reader) is
+normalised into these tables and nothing else, so an analysis written against them works on
+every source. The full description, with the meaning of
 each column and how each source maps onto it, is in ``docs/schema.md``; keep the two in step.
 
 Conventions that hold for every table:

@@ -26,7 +26,6 @@ from xpuprof.trace import store as st
 PARALLEL_MIN_BYTES = 48 << 20
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[_\-]?(\d+)", re.IGNORECASE)
-_TRACE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".xplane.pb.gz")
 
 Progress = Callable[[int, int], None]
 
@@ -71,44 +70,23 @@ class ImportReport:
 
 
 def expand_sources(paths: list[str | Path]) -> list[Path]:
-    """Files named directly, plus the trace files under named directories: ``.json(.gz)``
-    and ``.xplane.pb(.gz)``; for an XProf/TensorBoard log directory, the newest run's XPlane
-    files. A ``<host>.trace.json.gz`` beside ``<host>.xplane.pb`` (what jax.profiler writes)
-    is XProf's rendering of the same events and is left out."""
-    from xpuprof.formats.xplane import find_xplane_files
+    """Files named directly, plus the trace files under named directories.
 
+    A directory in a layout some reader owns (``Reader.expand``: an XProf/TensorBoard log
+    directory gives its newest run's XPlane files) is expanded by that reader; any other is
+    scanned for files with a reader's suffix (hidden folders and stores left out), less those
+    another file makes redundant (``Reader.supersedes``: ``<host>.trace.json.gz`` beside
+    ``<host>.xplane.pb``, which jax.profiler writes, is XProf's rendering of the same events).
+    """
+    from xpuprof.formats import readers
+
+    all_readers = readers()
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             if st.is_store(p):
                 raise XpuprofError(f"{p}: is an xpuprof store, not a trace to import")
-            if (p / "plugins" / "profile").is_dir() or (
-                p.name == "profile" and p.parent.name == "plugins"
-            ):
-                found = find_xplane_files(p, run="latest")
-                if not found:
-                    raise XpuprofError(f"{p}: an XProf log directory with no .xplane.pb files")
-                out.extend(found)
-                continue
-            found = sorted(
-                f
-                for f in p.rglob("*")
-                if f.is_file()
-                and f.name.endswith(_TRACE_SUFFIXES)
-                and not any(part.startswith(".") for part in f.relative_to(p).parts)
-                and not (f.parent / st.MANIFEST).exists()
-            )
-            xplanes = {f.name.split(".xplane.pb")[0] for f in found if ".xplane.pb" in f.name}
-            found = [
-                f for f in found
-                if not (f.name.endswith(".trace.json.gz")
-                        and f.name[: -len(".trace.json.gz")] in xplanes)
-            ]  # fmt: skip
-            if not found:
-                raise XpuprofError(
-                    f"{p}: no .json, .json.gz or .xplane.pb trace files in this directory"
-                )
-            out.extend(found)
+            out.extend(_scan(p, all_readers))
         elif p.is_file():
             out.append(p)
         else:
@@ -121,6 +99,46 @@ def expand_sources(paths: list[str | Path]) -> list[Path]:
             seen.add(r)
             unique.append(r)
     return unique
+
+
+def _scan(directory: Path, all_readers: list[Any]) -> list[Path]:
+    """The trace files of one named directory (see :func:`expand_sources`)."""
+    for reader in all_readers:
+        if reader.expand is not None:
+            owned = reader.expand(directory)
+            if owned is not None:
+                return list(owned)
+    suffixes = tuple(s for r in all_readers for s in r.suffixes)
+    found = sorted(
+        f
+        for f in directory.rglob("*")
+        if f.is_file()
+        and f.name.endswith(suffixes)
+        and not any(part.startswith(".") for part in f.relative_to(directory).parts)
+        and not (f.parent / st.MANIFEST).exists()
+    )
+    redundant: set[Path] = set()
+    for reader in all_readers:
+        if not reader.supersedes:
+            continue
+        stems = {
+            (f.parent, f.name[: -len(s)])
+            for f in found
+            if (s := reader.suffix_of(f.name)) is not None
+        }
+        redundant |= {
+            f
+            for f in found
+            for s in reader.supersedes
+            if f.name.endswith(s) and (f.parent, f.name[: -len(s)]) in stems
+        }
+    found = [f for f in found if f not in redundant]
+    if not found:
+        names = (
+            ", ".join(suffixes[:-1]) + f" or {suffixes[-1]}" if len(suffixes) > 1 else suffixes[0]
+        )
+        raise XpuprofError(f"{directory}: no {names} trace files in this directory")
+    return found
 
 
 def begin_staging(root: Path) -> tuple[Path, list[Path]]:
@@ -165,21 +183,23 @@ def rank_from_name(path: Path) -> int | None:
 
 
 def read_source(path: Path, lenient: bool, progress: Progress | None = None) -> Any:
-    """Read one source file with the reader its format needs (a RawTrace)."""
+    """Read one source file with the reader its format needs (a RawTrace whose ``format`` is
+    that reader's name, which the normaliser takes the category vocabulary from)."""
     import gc
 
-    from xpuprof.formats.kineto import read_kineto
-    from xpuprof.formats.xplane import is_xplane_path, read_xplane
+    from xpuprof.formats import reader_for
 
-    reader = read_xplane if is_xplane_path(path.name) else read_kineto
+    reader = reader_for(path)
     cb = (lambda done: progress(done, 0)) if progress else None
     gc_was = gc.isenabled()
     gc.disable()  # the decoder allocates millions of small objects; collection costs 3-4x
     try:
-        return reader(path, lenient=lenient, progress=cb)
+        raw = reader.read(path, lenient=lenient, progress=cb)
     finally:
         if gc_was:
             gc.enable()
+    raw.format = reader.name
+    return raw
 
 
 def import_file(
@@ -216,7 +236,9 @@ def write_raw(
     host = host if isinstance(host, str) else None
 
     read_phase, read_cat = raw.read_phase, raw.read_category
-    tables = build_tables(raw.tables, part=part, rank=rank, host=host, string_ids=raw.string_ids)
+    tables = build_tables(
+        raw.tables, part=part, rank=rank, host=host, string_ids=raw.string_ids, format=raw.format
+    )
     raw.tables = {}
     root = Path(out_dir)
     files = {}
@@ -321,29 +343,71 @@ def _run(
     workers: int | None,
     progress: Progress | None,
 ) -> tuple[list[dict[str, Any]], int]:
+    """Import each (file, part) into ``staging``: in this process for small inputs, else on
+    Dask; return the manifest entries and the number of workers used."""
     total = sum(p.stat().st_size for p, _ in jobs)
     n_cpu = os.cpu_count() or 1
     if workers is None:
         parallel = len(jobs) > 1 and total >= PARALLEL_MIN_BYTES and n_cpu > 1
         workers = min(n_cpu, len(jobs)) if parallel else 1
     if scheduler is None and workers <= 1:
-        out = []
-        done = 0
-        for path, part in jobs:
-            size = path.stat().st_size
-            base = done
+        return _run_here(jobs, staging, lenient, total, progress), 1
+    return _run_on_dask(jobs, staging, lenient, scheduler, workers, total, progress)
 
-            def cb(d: int, _t: int, base: int = base, size: int = size) -> None:
-                if progress:
-                    progress(min(base + d, base + size), total)
 
-            out.append(
-                import_file(str(path), part, str(staging), lenient, cb if progress else None)
-            )
-            done += size
+def _run_here(
+    jobs: list[tuple[Path, int]],
+    staging: Path,
+    lenient: bool,
+    total: int,
+    progress: Progress | None,
+) -> list[dict[str, Any]]:
+    out = []
+    done = 0
+    for path, part in jobs:
+        size = path.stat().st_size
+        base = done
+
+        def cb(d: int, _t: int, base: int = base, size: int = size) -> None:
             if progress:
-                progress(done, total)
-        return out, 1
+                progress(min(base + d, base + size), total)
+
+        out.append(import_file(str(path), part, str(staging), lenient, cb if progress else None))
+        done += size
+        if progress:
+            progress(done, total)
+    return out
+
+
+def _preload(jobs: list[tuple[Path, int]]) -> None:
+    """Import what the workers will need before forking them: they then start in 0.1 s with
+    pyarrow, numpy and the decoders loaded, instead of spawning fresh interpreters that
+    import everything again (about 0.8 s before the first file). Only the readers these files
+    need (protobuf only for XPlane)."""
+    import importlib
+
+    import xpuprof.trace.normalize  # noqa: F401
+    from xpuprof.formats import reader_for
+
+    modules: dict[str, None] = {}
+    for path, _ in jobs:
+        try:
+            modules.update(dict.fromkeys(reader_for(path).preload))
+        except XpuprofError:
+            continue  # the worker reports it, with the others' results
+    for name in modules:
+        importlib.import_module(name)
+
+
+def _run_on_dask(
+    jobs: list[tuple[Path, int]],
+    staging: Path,
+    lenient: bool,
+    scheduler: str | None,
+    workers: int,
+    total: int,
+    progress: Progress | None,
+) -> tuple[list[dict[str, Any]], int]:
     import dask
     from dask.distributed import Client, LocalCluster, as_completed
 
@@ -351,15 +415,7 @@ def _run(
     if scheduler:
         client = Client(scheduler)
     else:
-        # Fork the local workers from a parent that has already imported the importer: they
-        # start in 0.1 s with pyarrow, numpy and msgspec loaded, instead of spawning fresh
-        # interpreters that import everything again (about 0.8 s before the first file).
-        import xpuprof.formats.kineto  # noqa: F401
-        import xpuprof.trace.normalize  # noqa: F401
-
-        if any(".xplane.pb" in p.name for p, _ in jobs):  # protobuf only where it is needed
-            import xpuprof.formats.proto.xplane_pb2  # noqa: F401
-
+        _preload(jobs)
         method = "fork" if "fork" in _start_methods() else "spawn"
         with dask.config.set({"distributed.worker.multiprocessing-method": method}):
             cluster = LocalCluster(

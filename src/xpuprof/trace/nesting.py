@@ -2,7 +2,7 @@
 
 Pure numpy over whole columns: these are the timeline facts every later stage relies on
 (``parent``/``depth`` of each event, the event each flow entry binds to), computed once at import
-by the normaliser (``trace/normalize.py``) and reused by the analyses that need to nest events of
+by the normaliser (``trace/normalize/``) and reused by the analyses that need to nest events of
 their own (``analysis/hierarchy.py`` for layer spans on another clock).
 """
 
@@ -115,6 +115,32 @@ def depths(parent_pos: np.ndarray) -> np.ndarray:
     return depth
 
 
+def _tracks(
+    order: np.ndarray, ev_pid: np.ndarray, ev_tid: np.ndarray
+) -> tuple[dict[tuple[int, int], int], dict[int, int]]:
+    """Where each track (pid, tid) starts in ``order``, and where the track starting at each
+    such position ends. Found one sorted column at a time (a 2 GB trace has 5 M events:
+    every full-length temporary here is 40 MB)."""
+    change = np.zeros(len(order), dtype=bool)
+    change[0] = True
+    for col in (ev_pid, ev_tid):
+        sorted_col = col[order]
+        change[1:] |= sorted_col[1:] != sorted_col[:-1]
+        del sorted_col
+    bounds = np.flatnonzero(change)
+    del change
+    first_rows = order[bounds]
+    starts = dict(
+        zip(
+            zip(ev_pid[first_rows].tolist(), ev_tid[first_rows].tolist(), strict=True),
+            bounds.tolist(),
+            strict=True,
+        )
+    )
+    ends = np.r_[bounds[1:], len(order)]
+    return starts, dict(zip(bounds.tolist(), ends.tolist(), strict=True))
+
+
 def bind_flows(
     order: np.ndarray,
     parent_pos: np.ndarray,
@@ -136,27 +162,8 @@ def bind_flows(
     out = np.full(len(fl_ts), -1, dtype=np.int64)
     if not len(fl_ts) or not len(order):
         return out
-    # track boundaries in sorted order, one sorted column at a time (a 2 GB trace has 5 M
-    # events: every full-length temporary here is 40 MB)
-    change = np.zeros(len(order), dtype=bool)
-    change[0] = True
-    for col in (ev_pid, ev_tid):
-        sorted_col = col[order]
-        change[1:] |= sorted_col[1:] != sorted_col[:-1]
-        del sorted_col
-    bounds = np.flatnonzero(change)
-    del change
-    first_rows = order[bounds]
-    starts = dict(
-        zip(
-            zip(ev_pid[first_rows].tolist(), ev_tid[first_rows].tolist(), strict=True),
-            bounds.tolist(),
-            strict=True,
-        )
-    )
+    starts, end_of = _tracks(order, ev_pid, ev_tid)
     s_ts = ev_ts[order]
-    ends = np.r_[bounds[1:], len(order)]
-    end_of = dict(zip(bounds.tolist(), ends.tolist(), strict=True))
     # next slice at or after each position (for "next slice" binding)
     if fl_next.any():
         nxt = np.where(is_slice, np.arange(len(order)), len(order))
