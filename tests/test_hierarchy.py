@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 import pytest
+from builders import TraceBuilder
 from conftest import KINETO, NO_SHARED, us_to_ns
 
 import xpuprof
@@ -121,7 +122,7 @@ def _gpu_files(trace) -> list:
 @pytest.fixture(scope="module")
 def gpu_ancestry(kineto_store):
     trace, _ = kineto_store
-    dev = ancestry(trace, levels=["kernel", "memcpy", "memset", "collective"])
+    dev = ancestry(trace, levels=["kernel", "memcpy", "memset", "collective"])["ancestry"]
     return trace, dev.set_index("id")
 
 
@@ -183,7 +184,9 @@ def test_backward_kernels_get_their_forward_op_through_fwdbwd(nccl, raw_json) ->
                 fwd_of.setdefault(v["f"][1], f)
     assert len(fwd_of) > 500
     launched = expected_launch_ops(events)
-    dev = ancestry(trace, levels=["kernel", "memcpy", "memset", "collective"]).set_index("id")
+    dev = ancestry(trace, levels=["kernel", "memcpy", "memset", "collective"])[
+        "ancestry"
+    ].set_index("id")
     backward = 0
     for i, w in launched.items():
         want = next((fwd_of[j] for j in w["chain"] if j in fwd_of), None)
@@ -205,7 +208,7 @@ def test_backward_without_flows_is_matched_by_sequence_number(kineto_store, raw_
     srcs = [s for s in _gpu_files(trace) if "resnet50_v100_2021" in s["path"]]
     if not srcs:
         pytest.skip(NO_SHARED)
-    dev = ancestry(trace, levels=["kernel", "memcpy", "memset"]).set_index("id")
+    dev = ancestry(trace, levels=["kernel", "memcpy", "memset"])["ancestry"].set_index("id")
     checked = 0
     for src in srcs:
         events = raw_json(src["path"])["traceEvents"]
@@ -239,16 +242,17 @@ def test_device_time_rolls_up_the_op_tree(nccl, raw_json) -> None:
             incl[name] += d
         if w["op"] is not None:
             excl[events[w["op"]]["name"]] += d
-    df = attribute(trace, by="op").set_index("op")
+    res = attribute(trace, by="op")
+    df = res.tables["op"].set_index("op")
     assert dict(df.device_ns[df.device_ns > 0]) == dict(incl)
     assert dict(df.device_exclusive_ns[df.device_exclusive_ns > 0]) == {
         k: v for k, v in excl.items() if v
     }
     total = sum(us_to_ns(e["dur"]) for e in events if e.get("ph") == "X" and _cat(e) in DEVICE)
-    assert df.attrs["device_ns"] == total
-    assert df.device_exclusive_ns.sum() == total - df.attrs["unattributed_ns"]
+    assert res.facts["device_ns"] == total
+    assert df.device_exclusive_ns.sum() == total - res.facts["unattributed_ns"]
     # per step: every device event of a step, by the step of its launch
-    st = attribute(trace, by="step")
+    st = attribute(trace, by="step").tables["step"]
     assert st.device_ns.sum() <= total and st.kernels.sum() > 3000
     res = hierarchy(trace, by="op")
     assert list(res.tables) == ["op"] and res.notes
@@ -294,7 +298,7 @@ def _spans(trace) -> list[dict]:
 
 def test_every_aten_op_of_a_module_forward_is_under_that_module(demo_capture) -> None:
     trace, modules = demo_capture
-    a = ancestry(trace)
+    a = ancestry(trace)["ancestry"]
     spans = [s for s in _spans(trace) if s["pass"] == "forward"]
     calls = collections.Counter(s["name"] for s in spans)
     # every module ran, under its named_modules path, but MultiheadAttention's out_proj (its
@@ -345,7 +349,7 @@ def _is_prefix(p: str, path: str, modules: dict) -> bool:
 
 def test_backward_ops_take_the_layer_of_their_forward_op(demo_capture) -> None:
     trace, modules = demo_capture
-    a = ancestry(trace).set_index("id")
+    a = ancestry(trace)["ancestry"].set_index("id")
     links = trace.sql("select src, dst from links where kind = 'fwdbwd'")
     assert len(links) > 50
     for src, dst in zip(links.src, links.dst, strict=True):
@@ -363,11 +367,12 @@ def test_backward_ops_take_the_layer_of_their_forward_op(demo_capture) -> None:
 
 def test_layer_attribution_without_device_work(demo_capture) -> None:
     trace, modules = demo_capture
-    df = attribute(trace, by="layer")
+    res = attribute(trace, by="layer")
+    df = res.tables["layer"]
     assert set(df.layer) == {p for p in modules if not p.endswith(".attn.out_proj")}
-    assert (df.device_ns == 0).all() and df.attrs["device_ns"] == 0
-    assert any("no device events" in n for n in df.attrs["notes"])
-    by_type = attribute(trace, by="module_type").set_index("module_type")
+    assert (df.device_ns == 0).all() and res.facts["device_ns"] == 0
+    assert any("no device events" in n for n in res.notes)
+    by_type = attribute(trace, by="module_type").tables["module_type"].set_index("module_type")
     assert by_type.calls.sum() == len(_spans(trace))
 
 
@@ -380,49 +385,29 @@ def hand_trace(path) -> None:
     """Layer spans, ops, launches and kernels with known times (µs): a forward on thread 1
     (layers model > model.fc, model.act), a backward of the addmm on thread 2, one memset
     found only through its correlation id (no flow)."""
-
-    def x(cat, name, tid, ts, dur, pid=1, **args):
-        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts,
-                "dur": dur, "args": args}  # fmt: skip
-
-    def flow(cat, fid, ph, tid, ts, pid=1):
-        e = {"ph": ph, "cat": cat, "name": cat, "id": fid, "pid": pid, "tid": tid, "ts": ts}
-        if ph == "f":
-            e["bp"] = "e"
-        return e
-
-    def kernel(name, ts, dur, corr, cat="kernel"):
-        return x(cat, name, 7, ts, dur, pid=0, device=0, stream=7, correlation=corr)
-
-    ev = [
-        x("user_annotation", "ProfilerStep#1", 1, 0, 1000),
-        x("xpuprof_layer", "model", 1, 10, 490, module="Net", **{"pass": "forward"}),
-        x("xpuprof_layer", "model.fc", 1, 20, 180, module="Linear", **{"pass": "forward"}),
-        x("cpu_op", "aten::linear", 1, 25, 165),
-        x("cpu_op", "aten::addmm", 1, 30, 150),
-        x("cuda_runtime", "cudaLaunchKernel", 1, 40, 10, correlation=1),
-        x("xpuprof_layer", "model.act", 1, 210, 90, module="ReLU", **{"pass": "forward"}),
-        x("cpu_op", "aten::relu", 1, 212, 87),
-        x("cuda_runtime", "cudaLaunchKernel", 1, 220, 10, correlation=2),
-        x("cpu_op", "aten::add", 1, 310, 40),
-        x("cuda_runtime", "cudaLaunchKernel", 1, 320, 10, correlation=3),
-        x("cpu_op", "aten::zero_", 1, 600, 50),
-        x("cuda_runtime", "cudaMemsetAsync", 1, 610, 10, correlation=4),
-        x("cpu_op", EVALUATE + "AddmmBackward0", 2, 700, 200),
-        x("cpu_op", "AddmmBackward0", 2, 705, 185),
-        x("cpu_op", "aten::mm", 2, 710, 90),
-        x("cuda_runtime", "cudaLaunchKernel", 2, 720, 10, correlation=5),
-        kernel("gemm_k1", 60, 100, 1),
-        kernel("relu_k2", 240, 20, 2),
-        kernel("add_k3", 335, 10, 3),
-        kernel("Memset (Device)", 630, 5, 4, cat="gpu_memset"),
-        kernel("gemm_k5", 740, 50, 5),
-    ]
-    for corr, (tid, ts, kts) in {1: (1, 40, 60), 2: (1, 220, 240), 3: (1, 320, 335),
-                                 5: (2, 720, 740)}.items():  # fmt: skip
-        ev += [flow("ac2g", corr, "s", tid, ts), flow("ac2g", corr, "f", 7, kts, pid=0)]
-    ev += [flow("fwdbwd", 99, "s", 1, 30), flow("fwdbwd", 99, "f", 2, 705)]
-    path.write_text(json.dumps({"traceEvents": ev}))
+    tb = TraceBuilder(rank=None)
+    fwd = {"pass": "forward"}
+    tb.step(1, ts=0, dur=1000)
+    tb.x("model", "xpuprof_layer", 10, 490, module="Net", **fwd)
+    tb.x("model.fc", "xpuprof_layer", 20, 180, module="Linear", **fwd)
+    tb.op("aten::linear", 25, 165)
+    tb.op("aten::addmm", 30, 150)
+    tb.launch("gemm_k1", 60, 100, launch_ts=40, launch_dur=10, correlation=1)
+    tb.x("model.act", "xpuprof_layer", 210, 90, module="ReLU", **fwd)
+    tb.op("aten::relu", 212, 87)
+    tb.launch("relu_k2", 240, 20, launch_ts=220, launch_dur=10, correlation=2)
+    tb.op("aten::add", 310, 40)
+    tb.launch("add_k3", 335, 10, launch_ts=320, launch_dur=10, correlation=3)
+    tb.op("aten::zero_", 600, 50)
+    tb.launch("Memset (Device)", 630, 5, launch_ts=610, launch_dur=10, correlation=4,
+              call="cudaMemsetAsync", cat="gpu_memset", flow=False)  # fmt: skip
+    tb.op(EVALUATE + "AddmmBackward0", 700, 200, tid=2)
+    tb.op("AddmmBackward0", 705, 185, tid=2)
+    tb.op("aten::mm", 710, 90, tid=2)
+    tb.launch("gemm_k5", 740, 50, launch_ts=720, launch_dur=10, correlation=5, tid=2)
+    tb.flow("fwdbwd", 99, "s", 30)
+    tb.flow("fwdbwd", 99, "f", 705, tid=2, bp="e")
+    tb.write(path)
 
 
 @pytest.fixture(scope="module")
@@ -436,7 +421,7 @@ def hand(tmp_path_factory):
 
 
 def test_ancestry_of_a_hand_written_trace(hand) -> None:
-    a = ancestry(hand).set_index("name")
+    a = ancestry(hand)["ancestry"].set_index("name")
     k1, k5, ms = a.loc["gemm_k1"], a.loc["gemm_k5"], a.loc["Memset (Device)"]
     assert (k1.runtime, k1.leaf_op, k1.op, k1.layer, k1.module_type, k1["pass"], k1.via) == (
         "cudaLaunchKernel", "aten::addmm", "aten::linear", "model.fc", "Linear", "forward",
@@ -456,7 +441,8 @@ def test_ancestry_of_a_hand_written_trace(hand) -> None:
 
 def test_attribution_of_a_hand_written_trace(hand) -> None:
     us = 1000
-    lay = attribute(hand, by="layer").set_index("layer")
+    res = attribute(hand, by="layer")
+    lay = res.tables["layer"].set_index("layer")
     assert dict(lay.device_ns) == {"model": 180 * us, "model.fc": 150 * us, "model.act": 20 * us}
     assert dict(lay.device_exclusive_ns) == {"model": 10 * us, "model.fc": 150 * us,
                                              "model.act": 20 * us}  # fmt: skip
@@ -464,15 +450,15 @@ def test_attribution_of_a_hand_written_trace(hand) -> None:
     assert dict(lay.backward_ns) == {"model": 50 * us, "model.fc": 50 * us, "model.act": 0}
     assert dict(lay.kernels) == {"model": 4, "model.fc": 2, "model.act": 1}
     assert dict(lay.parent.fillna("-")) == {"model": "-", "model.fc": "model", "model.act": "model"}
-    assert lay.attrs["device_ns"] == 185 * us and lay.attrs["unattributed_ns"] == 5 * us
-    op = attribute(hand, by="op").set_index("op")
+    assert res.facts["device_ns"] == 185 * us and res.facts["unattributed_ns"] == 5 * us
+    op = attribute(hand, by="op").tables["op"].set_index("op")
     want = {"aten::linear": (100, 0), "aten::addmm": (100, 100), "aten::relu": (20, 20),
             "aten::add": (10, 10), "aten::zero_": (5, 5), EVALUATE + "AddmmBackward0": (50, 0),
             "AddmmBackward0": (50, 0), "aten::mm": (50, 50)}  # fmt: skip
     got = {k: (v.device_ns // us, v.device_exclusive_ns // us) for k, v in op.iterrows()}
     assert got == want
-    types = attribute(hand, by="module_type").set_index("module_type")
+    types = attribute(hand, by="module_type").tables["module_type"].set_index("module_type")
     assert dict(types.device_ns) == {"Net": 180 * us, "Linear": 150 * us, "ReLU": 20 * us}
-    step = attribute(hand, by="step")
+    step = attribute(hand, by="step").tables["step"]
     assert step[["step", "calls", "step_ns", "kernels", "device_ns"]].values.tolist() == [
         [1, 1, 1000 * us, 5, 185 * us]]  # fmt: skip

@@ -7,53 +7,48 @@ a plain sequential replay of its ``[memory]`` events read with the ``json`` modu
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import pytest
+from builders import TraceBuilder
 from conftest import read_trace_json, shared
 
 import xpuprof
-from xpuprof.analysis.memory import memory_timeline
+from xpuprof.analysis.memory import memory, memory_timeline
 
 
-def _mem(ts, addr, nbytes, total, *, dev_type=1, dev_id=0, reserved=1000):
-    return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1,
-            "tid": 1, "ts": ts, "args": {"Device Type": dev_type, "Device Id": dev_id,
-                                         "Addr": addr, "Bytes": nbytes,
-                                         "Total Allocated": total, "Total Reserved": reserved}}  # fmt: skip  # noqa: E501
+def _mem(tb, ts, addr, nbytes, total, *, dev_type=1, dev_id=0, reserved=1000):
+    """One allocator record as torch.profiler writes it (``profile_memory=True``)."""
+    args = {"Device Type": dev_type, "Device Id": dev_id, "Addr": addr, "Bytes": nbytes,
+            "Total Allocated": total, "Total Reserved": reserved}  # fmt: skip
+    return tb.instant("[memory]", ts, scope="t", **args)
 
 
-def _op(name, ts, dur, cat="cpu_op"):
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
-            "args": {}}  # fmt: skip
+def _load(tb, tmp_path):
+    xpuprof.import_traces([tb.write(tmp_path / "mem.json")], tmp_path / "s")
+    return xpuprof.load(tmp_path / "s")
 
 
 @pytest.fixture
 def seq_trace(tmp_path):
     # 30 bytes at address 3 were allocated before the trace started (Total Allocated = 30).
-    ev = [
-        _op("nn.Module: Block_0", 0, 1000, cat="python_function"),
-        _op("aten::linear", 10, 200),
-        _op("aten::empty", 20, 5),
-        _mem(21, 1, 100, 130),  # alloc A @1 under linear → empty
-        _op("aten::relu", 300, 50),
-        _mem(310, 2, 50, 180),  # alloc B @2
-        _op("aten::add", 400, 50),
-        _mem(410, 1, -100, 80),  # free A
-        _op("aten::mul", 500, 50),
-        _mem(510, 1, 200, 280),  # alloc C @1 (address reused): the peak
-        _mem(600, 9, 8, 8, dev_type=0, dev_id=-1, reserved=0),  # CPU, inside the layer only
-        _op("aten::sum", 1100, 100),
-        _mem(1110, 2, -50, 230),  # free B
-        _mem(1120, 3, -30, 200),  # free of the pre-trace allocation
-        _mem(1130, 1, -200, 0),  # free C
-        _mem(1150, 9, -8, 0, dev_type=0, dev_id=-1, reserved=0),
-    ]
-    src = tmp_path / "mem.json"
-    src.write_text(json.dumps({"schemaVersion": 1, "traceEvents": ev}))
-    xpuprof.import_traces([src], tmp_path / "s")
-    t = xpuprof.load(tmp_path / "s")
+    tb = TraceBuilder(rank=None, schemaVersion=1)
+    tb.x("nn.Module: Block_0", "python_function", 0, 1000)
+    tb.op("aten::linear", 10, 200)
+    tb.op("aten::empty", 20, 5)
+    _mem(tb, 21, 1, 100, 130)  # alloc A @1 under linear → empty
+    tb.op("aten::relu", 300, 50)
+    _mem(tb, 310, 2, 50, 180)  # alloc B @2
+    tb.op("aten::add", 400, 50)
+    _mem(tb, 410, 1, -100, 80)  # free A
+    tb.op("aten::mul", 500, 50)
+    _mem(tb, 510, 1, 200, 280)  # alloc C @1 (address reused): the peak
+    _mem(tb, 600, 9, 8, 8, dev_type=0, dev_id=-1, reserved=0)  # CPU, inside the layer only
+    tb.op("aten::sum", 1100, 100)
+    _mem(tb, 1110, 2, -50, 230)  # free B
+    _mem(tb, 1120, 3, -30, 200)  # free of the pre-trace allocation
+    _mem(tb, 1130, 1, -200, 0)  # free C
+    _mem(tb, 1150, 9, -8, 0, dev_type=0, dev_id=-1, reserved=0)
+    t = _load(tb, tmp_path)
     yield t
     t.close()
 
@@ -92,16 +87,12 @@ def test_synthetic_sequence(seq_trace):
 
 
 def test_nested_attribution_and_device_filter(tmp_path):
-    ev = [
-        _op("aten::linear", 10, 200),
-        _op("aten::addmm", 20, 100),
-        _op("aten::empty", 30, 5),
-        _mem(31, 7, 64, 64),
-    ]
-    src = tmp_path / "n.json"
-    src.write_text(json.dumps({"traceEvents": ev}))
-    xpuprof.import_traces([src], tmp_path / "s")
-    with xpuprof.load(tmp_path / "s") as t:
+    tb = TraceBuilder(rank=None)
+    tb.op("aten::linear", 10, 200)
+    tb.op("aten::addmm", 20, 100)
+    tb.op("aten::empty", 30, 5)
+    _mem(tb, 31, 7, 64, 64)
+    with _load(tb, tmp_path) as t:
         live = memory_timeline(t, device="cuda:0")["live"].iloc[0]
         assert (live["op"], live["top_op"]) == ("aten::empty", "aten::linear")
         assert pd.isna(live["layer"])
@@ -112,10 +103,9 @@ def test_nested_attribution_and_device_filter(tmp_path):
 
 
 def test_no_memory_events_is_a_note(tmp_path):
-    src = tmp_path / "none.json"
-    src.write_text(json.dumps({"traceEvents": [_op("aten::add", 0, 10)]}))
-    xpuprof.import_traces([src], tmp_path / "s")
-    with xpuprof.load(tmp_path / "s") as t:
+    tb = TraceBuilder(rank=None)
+    tb.op("aten::add", 0, 10)
+    with _load(tb, tmp_path) as t:
         r = memory_timeline(t)
         assert r["timeline"].empty and r["peaks"].empty and r["live"].empty
         assert any("profile_memory=True" in n for n in r.notes)
@@ -172,16 +162,11 @@ def test_v100_peak_and_live_set_against_the_raw_json(tmp_path):
 
 def test_events_without_addr_give_a_timeline_but_no_live_set(tmp_path):
     # 2021 profilers wrote [memory] events with Bytes only: no Addr, no totals
-    ev = [_op("aten::empty", 0, 10)]
+    tb = TraceBuilder(rank=None)
+    tb.op("aten::empty", 0, 10)
     for ts, b in ((1, 100), (2, 50), (3, -100), (4, 70)):
-        e = _mem(ts, 0, b, 0)
-        for k in ("Addr", "Total Allocated", "Total Reserved"):
-            del e["args"][k]
-        ev.append(e)
-    src = tmp_path / "old.json"
-    src.write_text(json.dumps({"traceEvents": ev}))
-    xpuprof.import_traces([src], tmp_path / "s")
-    with xpuprof.load(tmp_path / "s") as t:
+        tb.instant("[memory]", ts, scope="t", **{"Device Type": 1, "Device Id": 0, "Bytes": b})
+    with _load(tb, tmp_path) as t:
         r = memory_timeline(t)
     p = r["peaks"].iloc[0]
     assert p["peak_allocated"] == 150  # running sum 100, 150, 50, 120
@@ -189,3 +174,36 @@ def test_events_without_addr_give_a_timeline_but_no_live_set(tmp_path):
     assert pd.isna(p["live_bytes"]) and r["live"].empty
     assert any("without Addr" in n for n in r.notes)
     assert any("running sum" in n for n in r.notes)
+
+
+def test_steps_select_the_timeline_and_the_peak(tmp_path):
+    """Three steps; memory held across steps stays live (and attributed) at a later peak."""
+    tb = TraceBuilder(rank=None)
+    for n in range(3):
+        tb.step(n, ts=100 * n, dur=100)
+    tb.op("aten::empty", 8, 5)
+    _mem(tb, 10, 1, 100, 100)  # step 0: A, held until step 2
+    _mem(tb, 20, 2, 300, 400)  # step 0: B, the peak of step 0
+    _mem(tb, 30, 2, -300, 100)
+    _mem(tb, 110, 3, 50, 150)  # step 1: C, the peak of step 1
+    _mem(tb, 120, 3, -50, 100)
+    _mem(tb, 210, 4, 500, 600)  # step 2: D, the peak of the whole trace
+    _mem(tb, 220, 4, -500, 100)
+    _mem(tb, 230, 1, -100, 0)
+    with _load(tb, tmp_path) as t:
+        one = memory(t, steps=[1])
+        p = one["peaks"].iloc[0]
+        assert one["timeline"]["ts"].tolist() == [110_000, 120_000]
+        assert (p["events"], p["allocs"], p["frees"]) == (2, 1, 1)
+        assert (p["peak_allocated"], p["peak_ts"]) == (150, 110_000)
+        # A was allocated in step 0 and is still held: live, attributed, not "unattributed"
+        assert (p["live_allocations"], p["live_bytes"], p["unattributed_bytes"]) == (2, 150, 0)
+        live = one["live"].set_index("addr")
+        assert live.loc[1, "op"] == "aten::empty" and live.loc[1, "age_ns"] == 100_000
+        every = memory(t)["peaks"].iloc[0]
+        assert (every["peak_allocated"], every["events"], every["live_bytes"]) == (600, 8, 600)
+        # HTA's default: each rank's last step (2) left out
+        dl = memory(t, steps="drop-last")["peaks"].iloc[0]
+        assert (dl["peak_allocated"], dl["peak_ts"], dl["events"]) == (400, 20_000, 5)
+        assert dl["live_bytes"] == 400
+        assert memory_timeline(t, steps=[7])["peaks"].empty

@@ -7,12 +7,12 @@ of every shared trace, the CUPTI counters), never from xpuprof's own output.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
 
 import pytest
+from builders import TraceBuilder
 from conftest import KINETO, SHARED_TRACES, kineto_files, read_trace_json, shared
 
 import xpuprof
@@ -163,91 +163,19 @@ ADD_US = 10
 
 def _gemm_trace(path: Path, dtype: str = "c10::BFloat16") -> Path:
     """aten::matmul → aten::mm → cudaLaunchKernel → GEMM kernel; aten::add → its kernel."""
-    ev = [
-        {
-            "ph": "X",
-            "cat": "cpu_op",
-            "name": "aten::matmul",
-            "pid": 1,
-            "tid": 1,
-            "ts": 1000,
-            "dur": 100,
-            "args": {"Input Dims": [[M, K], [K, N]], "Input type": [dtype, dtype]},
-        },
-        {
-            "ph": "X",
-            "cat": "cpu_op",
-            "name": "aten::mm",
-            "pid": 1,
-            "tid": 1,
-            "ts": 1010,
-            "dur": 80,
-            "args": {"Input Dims": [[M, K], [K, N]], "Input type": [dtype, dtype]},
-        },
-        {
-            "ph": "X",
-            "cat": "cuda_runtime",
-            "name": "cudaLaunchKernel",
-            "pid": 1,
-            "tid": 1,
-            "ts": 1020,
-            "dur": 5,
-            "args": {"correlation": 7},
-        },
-        {
-            "ph": "X",
-            "cat": "kernel",
-            "name": "ampere_bf16_s16816gemm_bf16_256x128",
-            "pid": 0,
-            "tid": 7,
-            "ts": 1100,
-            "dur": GEMM_US,
-            "args": {"correlation": 7, "device": 0, "stream": 7},
-        },
-        {
-            "ph": "X",
-            "cat": "cpu_op",
-            "name": "aten::add",
-            "pid": 1,
-            "tid": 1,
-            "ts": 1200,
-            "dur": 20,
-            "args": {
-                "Input Dims": [list(ADD_SHAPE), list(ADD_SHAPE), []],
-                "Input type": ["float", "float", "Scalar"],
-                "Concrete Inputs": ["", "", "1"],
-            },
-        },
-        {
-            "ph": "X",
-            "cat": "cuda_runtime",
-            "name": "cudaLaunchKernel",
-            "pid": 1,
-            "tid": 1,
-            "ts": 1205,
-            "dur": 5,
-            "args": {"correlation": 8},
-        },
-        {
-            "ph": "X",
-            "cat": "kernel",
-            "name": "vectorized_elementwise_kernel",
-            "pid": 0,
-            "tid": 7,
-            "ts": 2200,
-            "dur": ADD_US,
-            "args": {"correlation": 8, "device": 0, "stream": 7},
-        },
-    ]
-    doc = {
-        "schemaVersion": 1,
-        "deviceProperties": [
-            {"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85899345920}
-        ],
-        "traceEvents": ev,
-    }
-    path.write_text(json.dumps(doc))
-    return path
+    props = [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85899345920}]
+    tb = TraceBuilder(rank=None, schemaVersion=1, device_properties=props)
+    gemm = {"Input Dims": [[M, K], [K, N]], "Input type": [dtype, dtype]}
+    tb.op("aten::matmul", 1000, 100, **gemm)
+    tb.op("aten::mm", 1010, 80, **gemm)
+    tb.launch("ampere_bf16_s16816gemm_bf16_256x128", 1100, GEMM_US, launch_ts=1020,
+              correlation=7, flow=False)  # fmt: skip
+    tb.op("aten::add", 1200, 20, **{"Input Dims": [list(ADD_SHAPE), list(ADD_SHAPE), []],
+                                    "Input type": ["float", "float", "Scalar"],
+                                    "Concrete Inputs": ["", "", "1"]})  # fmt: skip
+    tb.launch("vectorized_elementwise_kernel", 2200, ADD_US, launch_ts=1205, correlation=8,
+              flow=False)  # fmt: skip
+    return tb.write(path)
 
 
 @pytest.fixture
@@ -322,12 +250,12 @@ def test_fp32_gemm_faster_than_fp32_peak_is_tf32(tmp_path):
 
 
 def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("XPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     t0 = time.perf_counter()
     a = calibrate.local_cpu(quick=True)
     first = time.perf_counter() - t0
     assert first < 10
-    files = list((tmp_path / "cache").glob("cpu-calibration-*.json"))
+    files = list((tmp_path / "cache" / "xpuprof").glob("cpu-calibration-*.json"))
     assert len(files) == 1
     assert a.kind == "cpu" and a.flops["fp64"] > 1e8 and a.memory_bandwidth > 1e8
     t0 = time.perf_counter()
@@ -339,10 +267,10 @@ def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch):
 
 
 def test_cpu_trace_uses_the_calibration(example_store, tmp_path, monkeypatch):
-    monkeypatch.setenv("XPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cpu = calibrate.local_cpu(quick=True)
     trace, _ = example_store
-    r = roofline(trace)
+    r = roofline(trace, calibrate=True)
     ops = r["ops"]
     assert len(ops) and (ops["time_source"] == "op duration (host)").all()
     assert r["devices"]["key"].tolist() == ["local-cpu"]
@@ -352,6 +280,30 @@ def test_cpu_trace_uses_the_calibration(example_store, tmp_path, monkeypatch):
     want = 100 * max(row["flops"] / t / peak, row["bytes"] / t / cpu.memory_bandwidth)
     assert row["pct_of_roof"] == pytest.approx(want)
     assert any("calibrated CPU" in n for n in r.notes)
+
+
+def test_cpu_trace_is_not_calibrated_unless_asked(example_store, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(Path, "home", lambda: tmp_path / "home")
+    trace, _ = example_store
+    r = roofline(trace)
+    ops = r["ops"]
+    assert len(ops) and (ops["time_source"] == "op duration (host)").all()
+    assert ops["peak_flops"].isna().all() and ops["pct_of_roof"].isna().all()
+    assert any("calibrate=True" in n for n in r.notes)
+    dev = r["devices"]
+    assert dev["key"].isna().all() and dev["source_of_match"].tolist() == [
+        "local CPU, not calibrated"
+    ]
+    # nothing was measured, nothing was written anywhere
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "home").exists()
+    # device="local-cpu" asks for this machine's CPU: measured once, cached in the user cache
+    cpu = calibrate.local_cpu(quick=True)
+    r = roofline(trace, device="local-cpu")
+    assert r["devices"]["key"].tolist() == ["local-cpu"]
+    assert r["ops"]["peak_flops"].notna().all()
+    assert r["ops"]["peak_bandwidth"].eq(cpu.memory_bandwidth).all()
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["xpuprof"]
 
 
 # -- real GPU traces --------------------------------------------------------------------------

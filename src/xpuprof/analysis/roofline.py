@@ -1,50 +1,9 @@
 """Roofline: where each op and kernel sits against the compute and memory roofs of its device.
 
-For a piece of work with ``F`` FLOPs moving ``B`` bytes in time ``t`` on a device with peak
-``P`` FLOP/s (for its precision) and memory bandwidth ``W`` bytes/s:
-
-* arithmetic intensity ``I = F / B`` (FLOP/byte); the ridge point is ``P / W``;
-* the roof at ``I`` is ``min(P, I·W)``; work left of the ridge is **memory**-bound, right of it
-  **compute**-bound;
-* achieved FLOP/s ``F / t`` and bandwidth ``B / t``; **% of roof** = achieved / roof
-  = max(``F/t/P``, ``B/t/W``) — the larger of the two utilisations, defined even for ``F = 0``
-  (copies). Without bytes only the compute roof applies (bound "unknown", % of ``P``).
-
-**Ops** (``ops`` table): framework ops with FLOPs, summed without double counting — the outermost
-op of each nest (``xpuprof.trace.tree.outermost``: ``aten::linear`` and not its ``aten::addmm``
-child), since ``events.flops``/``bytes`` are inclusive. Time is the device time of the kernels,
-copies and sets the op launched (runtime call → kernel by correlation id, runtime call → op by its
-parent chain), or, for an op of a source with no device activity (a CPU trace), the op's own
-duration. Ops with neither FLOPs nor bytes (views, allocations) are left out; GPU ops whose
-launches were not captured are counted in a note.
-
-The **precision** of an op is its first floating-point input (``Input type``). GEMM-like kinds
-(``flops.EXACT_KINDS``: matmul, convolution, attention) are measured against the device's
-matrix rate for that precision (Tensor/Matrix Cores, MXU); fp32 GEMMs against the fp32 rate
-(PyTorch does not use TF32 for matmuls unless ``torch.backends.cuda.matmul.allow_tf32``: pass
-``tf32=True``), fp32 convolutions against TF32 where the device has it (cuDNN's default,
-``torch.backends.cudnn.allow_tf32 = True``). Every other op is measured against the vector
-fp32 rate (fp64 for doubles). ``DeviceSpec.peak`` documents the fallbacks.
-
-**Kernels** (``kernels`` table), where the trace itself counts FLOPs:
-
-* XLA ops of XPlane traces: the ``flops`` and ``bytes_accessed`` that XLA's cost analysis
-  attaches to each HLO op (event metadata stats); precision from ``shape_with_layout``. On
-  TPUs the roof is the single peak the device plane reports (``peak_teraflops_per_second``,
-  ``peak_hbm_bw_gigabytes_per_second``), as XProf does.
-* ``cuda_profiler_range`` events (CUPTI range profiler) carrying SASS instruction counters:
-  FLOPs = ``fadd + fmul + 2·ffma`` (fp32), ``dadd + dmul + 2·dfma`` (fp64), ``hadd + hmul +
-  2·hfma`` (fp16), each ``smsp__sass_thread_inst_executed_op_<op>_pred_on.sum`` — the
-  weighting of Nsight Compute's roofline sections and LIKWID's FLOPS_SP/DP/HP groups (an FMA is
-  two FLOPs). These counters see CUDA-core instructions only: Tensor Core work (HMMA/IMMA)
-  is not in them. Bytes come from ``dram__bytes_read.sum + dram__bytes_write.sum`` (or
-  ``dram__bytes.sum``) when recorded. The range profiler replays kernels, and the durations
-  it writes are the profiling range's, not the kernel's: when every range of a source has the
-  same duration, no rates are computed (a note says so).
-
-**Device**: the ``deviceProperties`` entry of the kernel's device (Kineto), the device plane
-(XPlane), matched with :func:`xpuprof.hardware.match`; the local CPU, calibrated by
-:func:`xpuprof.hardware.local_cpu`, for sources without device activity; or ``device=`` for all.
+Ops are the outermost framework ops with FLOPs (the event tree's ``outermost``), timed by the
+kernels they launched; kernels are those whose FLOPs the trace itself records (XLA cost
+analysis, CUPTI counters). ``docs/roofline.md`` defines intensity, roofs, bounds, precisions,
+device matching and when the local CPU is calibrated (only on request).
 """
 
 from __future__ import annotations
@@ -55,29 +14,29 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from xpuprof.analysis.common import Result
-from xpuprof.analysis.memory import ancestor, host_tree, level_mask
+from xpuprof.analysis.common import Result, where_clause
+from xpuprof.analysis.hierarchy import steps_mask
 from xpuprof.core.errors import XpuprofError
 from xpuprof.hardware import specs as hw
+from xpuprof.trace.tree import rows_in
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from xpuprof.analysis.common import StepSelection
     from xpuprof.hardware.specs import DeviceSpec
     from xpuprof.trace.trace import Trace
+    from xpuprof.trace.tree import EventTree
+
+#: ``device=`` values that mean this machine's CPU (calibrated on the spot, or from the cache).
+LOCAL_CPU_NAMES = ("local-cpu", "local", "cpu")
 
 #: ``Input type`` spellings (c10 type names) → precision.
-TORCH_DTYPES = {
-    "float": "fp32",
-    "double": "fp64",
-    "c10::Half": "fp16",
-    "c10::BFloat16": "bf16",
-    "c10::Float8_e4m3fn": "fp8",
-    "c10::Float8_e5m2": "fp8",
-    "c10::Float8_e4m3fnuz": "fp8",
-    "c10::Float8_e5m2fnuz": "fp8",
-    "c10::complex<float>": "fp32",
-    "c10::complex<double>": "fp64",
-    "c10::complex<c10::Half>": "fp16",
-}
+TORCH_DTYPES = {"float": "fp32", "double": "fp64", "c10::Half": "fp16", "c10::BFloat16": "bf16",
+                "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8",
+                "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8",
+                "c10::complex<float>": "fp32", "c10::complex<double>": "fp64",
+                "c10::complex<c10::Half>": "fp16"}  # fmt: skip
 
 #: XLA element types (``shape_with_layout`` prefixes) → precision.
 XLA_DTYPES = {"f64": "fp64", "f32": "fp32", "bf16": "bf16", "f16": "fp16", "s8": "int8",
@@ -127,10 +86,15 @@ class _Devices:
         self.cache: dict[tuple[int, int], tuple[DeviceSpec | None, str]] = {}
         self.unknown: set[str] = set()
         self.forced: DeviceSpec | None = None
+        self._cpu: DeviceSpec | None = None
         self.cpu_used = False
+        self.cpu_skipped = False
         if device is not None:
             if isinstance(device, hw.DeviceSpec):
                 self.forced = device
+            elif str(device).strip().lower() in LOCAL_CPU_NAMES:
+                self.calibrate = True
+                self.forced = self.cpu()
             else:
                 spec = hw.match(str(device))
                 if spec is None:
@@ -139,10 +103,11 @@ class _Devices:
                         "(or a name such as 'NVIDIA A100-SXM4-80GB')"
                     )
                 self.forced = spec
-        self._cpu: DeviceSpec | None = None
 
     def cpu(self) -> DeviceSpec | None:
+        """The calibrated local CPU; None (and remembered) when calibration was not asked for."""
         if not self.calibrate:
+            self.cpu_skipped = True
             return None
         if self._cpu is None:
             from xpuprof.hardware.calibrate import local_cpu
@@ -161,7 +126,8 @@ class _Devices:
 
     def _resolve(self, part: int, index: int) -> tuple[DeviceSpec | None, str]:
         if index < 0:
-            return self.cpu(), "local CPU calibration"
+            cpu = self.cpu()
+            return cpu, "local CPU calibration" if cpu else "local CPU, not calibrated"
         src = self.sources.get(part, {})
         meta = src.get("meta", {}) or {}
         for plane in meta.get("planes", []) or []:
@@ -260,181 +226,165 @@ def _metrics(df: pd.DataFrame, specs: list[DeviceSpec | None], matrix: np.ndarra
     df["pct_of_roof"] = pct
 
 
-def roofline(
-    trace: Trace,
-    device: Any = None,
-    *,
-    ranks: list[int] | None = None,
-    steps: list[int] | None = None,
-    tf32: bool = False,
-    calibrate: bool = True,
-) -> Result:
-    """Roofline placement of ops and kernels (module docstring for every rule).
-
-    ``device``: a :class:`~xpuprof.hardware.DeviceSpec`, a table key (``"h100-sxm"``) or a
-    device name, used for every event instead of the trace's own devices ("what would this
-    trace's work look like against an H200's roofs"). ``calibrate=False`` skips the CPU
-    micro-benchmark (CPU ops then have no roof). Tables: ``ops``, ``by_name`` (ops grouped by
-    name, precision and device, largest device time first), ``kernels`` and ``devices``.
-    """
-    from xpuprof.costmodel.call import EXACT_KINDS
-    from xpuprof.costmodel.ops import op_kind
-    from xpuprof.trace.tree import outermost
-
-    res = Result()
-    devs = _Devices(trace, device, calibrate)
-
-    # -- ops ---------------------------------------------------------------------------------
-    tree = host_tree(trace, columns=("rank", "ts", "dur", "flops", "bytes", "step", "correlation"))
-    flops = tree["flops"]
-    is_op = level_mask(tree, "op")
-    has = is_op & ~np.isnan(flops)
-    outer = outermost(has, tree["par"])
-    outer &= ~((flops == 0) & ~(tree["bytes"] > 0))  # views and allocations: no work at all
-    sel = outer.copy()
-    if ranks is not None:
-        sel &= np.isin(tree["rank"], list(ranks))
-    if steps is not None:
-        sel &= np.isin(tree["step"], list(steps))
-    op_rows = np.flatnonzero(sel)
-
-    dev_parts = trace.sql(
-        "select part, count(*) n from events where level in "
-        "('kernel','memcpy','memset','collective') group by part"
-    )
-    parts_with_device = set(int(p) for p in dev_parts["part"])
+def _op_time(
+    trace: Trace, t: EventTree, outer: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of the tree (for the ``outer`` ops): device time of the kernels, copies and sets
+    it launched, their count, and the device index (-1: none)."""
+    time = np.zeros(t.n, np.float64)
+    nk = np.zeros(t.n, np.int64)
+    dev = np.full(t.n, -1, np.int64)
     kern = trace.sql(
         "select part, correlation, dur, device from events where level in "
         "('kernel','memcpy','memset') and correlation is not null and dur is not null"
     )
-    rt_mask = level_mask(tree, "runtime") & (tree["correlation"] >= 0)
-    rt_rows = np.flatnonzero(rt_mask)
-    op_time = np.zeros(len(tree["id"]), np.float64)
-    op_dev = np.full(len(tree["id"]), -1, np.int64)
-    op_nk = np.zeros(len(tree["id"]), np.int64)
-    if len(kern) and len(rt_rows):
-        rt = pd.DataFrame(
-            {
-                "part": tree["part"][rt_rows],
-                "correlation": tree["correlation"][rt_rows],
-                "row": rt_rows,
-            }
-        ).drop_duplicates(["part", "correlation"])
-        k = kern.merge(rt, on=["part", "correlation"], how="inner")
-        if len(k):
-            owner = ancestor(tree["par"], k["row"].to_numpy(np.int64), outer)
-            ok = owner >= 0
-            np.add.at(op_time, owner[ok], k["dur"].to_numpy(float)[ok])
-            np.add.at(op_nk, owner[ok], 1)
-            op_dev[owner[ok]] = k["device"].to_numpy(np.int64)[ok]
+    if not len(kern):
+        return time, nk, dev
+    call = t.host_calls(kern["part"].to_numpy(np.int64), kern["correlation"].to_numpy(np.int64),
+                        runtime_only=True)  # fmt: skip
+    owner = t.nearest(outer, call, strict=True)
+    ok = owner >= 0
+    np.add.at(time, owner[ok], kern["dur"].to_numpy(float)[ok])
+    np.add.at(nk, owner[ok], 1)
+    dev[owner[ok]] = kern["device"].to_numpy(np.int64)[ok]
+    return time, nk, dev
 
-    part_arr = tree["part"][op_rows]
-    on_device = np.isin(part_arr, list(parts_with_device))
-    time_ns = np.where(on_device, op_time[op_rows], tree["dur"][op_rows].astype(float))
-    time_ns = np.where(on_device & (op_nk[op_rows] == 0), np.nan, time_ns)
-    names = np.where(
-        tree["name"][op_rows] >= 0, tree["name_dict"][np.maximum(tree["name"][op_rows], 0)], None
-    )
-    ids = tree["id"][op_rows]
-    dtypes = _op_dtypes(trace, ids)
+
+def _ops(
+    trace: Trace,
+    devs: _Devices,
+    ranks: list[int] | None,
+    steps: StepSelection,
+    tf32: bool,
+    notes: list[str],
+) -> tuple[pd.DataFrame, list[DeviceSpec | None], np.ndarray]:
+    """The ``ops`` table (outermost ops with FLOPs, timed, typed and placed on their roofs),
+    with each op's device spec and whether it is GEMM-like."""
+    from xpuprof.costmodel.call import EXACT_KINDS
+    from xpuprof.costmodel.ops import op_kind
+
+    t = trace.tree(ranks, columns=("flops", "bytes", "dur", "step", "correlation"))
+    has = t.is_level("op") & ~np.isnan(t.flops)
+    outer = t.outermost_with_value(has)
+    outer &= ~((t.flops == 0) & ~(t.bytes > 0))  # views and allocations: no work at all
+    rows = np.flatnonzero(outer & steps_mask(t, steps))
+    dev_parts = trace.sql("select distinct part from events where level in ('kernel', "
+                          "'memcpy', 'memset', 'collective')")["part"]  # fmt: skip
+    on_device = np.isin(t.part[rows], dev_parts.to_numpy(np.int64))
+    op_time, op_nk, op_dev = _op_time(trace, t, outer)
+    time_ns = np.where(on_device, op_time[rows], t.dur[rows].astype(float))
+    time_ns = np.where(on_device & (op_nk[rows] == 0), np.nan, time_ns)
+    names = t.names_of(rows)
     kind_of = {nm: op_kind(str(nm)) for nm in set(names.tolist())}
     kinds = np.array([kind_of[nm] for nm in names.tolist()], dtype=object)
-    matrix = np.isin(kinds, list(EXACT_KINDS))
-    dev_index = np.where(on_device, op_dev[op_rows], -1)
     ops = pd.DataFrame(
         {
-            "rank": pd.array(np.where(tree["rank"][op_rows] >= 0, tree["rank"][op_rows], None),
-                             dtype="Int64"),
-            "part": part_arr,
-            "step": pd.array(np.where(tree["step"][op_rows] >= 0, tree["step"][op_rows], None),
-                             dtype="Int64"),
-            "id": ids,
+            "rank": pd.array(np.where(t.rank[rows] >= 0, t.rank[rows], None), dtype="Int64"),
+            "part": t.part[rows],
+            "step": pd.array(np.where(t.step[rows] >= 0, t.step[rows], None), dtype="Int64"),
+            "id": t.ids[rows],
             "name": names,
             "kind": kinds,
-            "dtype": dtypes,
-            "flops": flops[op_rows],
-            "bytes": tree["bytes"][op_rows],
+            "dtype": _op_dtypes(trace, t.ids[rows]),
+            "flops": t.flops[rows],
+            "bytes": t.bytes[rows],
             "time_ns": time_ns,
             "time_source": np.where(on_device, "device kernels", "op duration (host)"),
         }
-    )  # fmt: skip
+    )
+    # ops on a device without a launch recorded: no device to judge them on
+    dev_index = np.where(on_device, op_dev[rows], -1)
+    specs = [devs.get(p, d)[0] if (d >= 0 or not o) else None
+             for p, d, o in zip(ops["part"].tolist(), dev_index.tolist(), on_device.tolist(),
+                                strict=True)]  # fmt: skip
+    matrix = np.isin(kinds, list(EXACT_KINDS))
     # tf32 for fp32 GEMMs on request, fp32 convolutions by cuDNN's default
     tf = (ops["dtype"] == "fp32") & (((ops["kind"] == "matmul") & tf32) | (ops["kind"] == "conv"))
-    specs = []
-    for p, d in zip(part_arr.tolist(), dev_index.tolist(), strict=True):
-        s, _ = devs.get(p, d) if (d >= 0 or p not in parts_with_device) else (None, "")
-        specs.append(s)
     has_tf32 = np.array([s is not None and "tf32" in s.flops for s in specs], dtype=bool)
     ops.loc[tf & has_tf32, "dtype"] = "tf32"
     inferred = _infer_tf32(ops, specs, matrix, has_tf32)
     _metrics(ops, specs, matrix)
-    ops = ops[OP_COLUMNS]
-    res.tables["ops"] = ops.reset_index(drop=True)
-    res.tables["by_name"] = _by_name(ops, specs, matrix)
-
+    ops = ops[OP_COLUMNS].reset_index(drop=True)
     if inferred:
-        res.notes.append(
+        notes.append(
             f"{inferred} fp32 GEMM-like ops ran faster than the device's fp32 peak, which only "
             "TF32 Tensor Cores allow (torch.backends.cuda.matmul.allow_tf32 / "
             "torch.set_float32_matmul_precision): they are measured against the TF32 roof."
         )
-    # -- kernels with FLOPs from the trace ----------------------------------------------------
-    res.tables["kernels"] = _kernels(trace, devs, res, ranks, steps)
-
     no_launch = int((on_device & np.isnan(time_ns)).sum())
-    if not len(ops):
-        res.notes.append(
-            "no framework-op FLOPs: the trace records no input shapes (torch.profiler "
-            "record_shapes=True, or xpuprof.profile(level='full')), or its ops are not ones "
-            "xpuprof can cost (xpuprof.costmodel.ops.supported_ops()); the ops table is empty"
-            + (
-                " (kernel-level FLOPs from the trace are in the kernels table)."
-                if len(res.tables["kernels"])
-                else "."
-            )
-        )
     if no_launch:
-        res.notes.append(
+        notes.append(
             f"{no_launch} ops with FLOPs launched no kernel the trace recorded (CPU-side work in a "
             "GPU trace, or launches outside the capture): they have no device time, so no "
             "achieved rate."
         )
+    return ops, specs, matrix
 
-    # -- devices and notes --------------------------------------------------------------------
-    rows = []
-    for (part, idx), (s, how) in sorted(devs.cache.items()):
-        rows.append(_device_row(part, idx, s, how))
+
+def _devices_table(devs: _Devices, notes: list[str]) -> pd.DataFrame:
+    """The ``devices`` table (every device resolved, or the forced one) and its notes."""
+    rows = [_device_row(part, idx, s, how) for (part, idx), (s, how) in sorted(devs.cache.items())]
     if devs.forced is not None:
         rows.append(_device_row(None, None, devs.forced, "device= argument"))
-    res.tables["devices"] = pd.DataFrame(
-        rows,
-        columns=[
-            "part",
-            "device_index",
-            "key",
-            "name",
-            "source_of_match",
-            "peak_tflops",
-            "memory_bandwidth",
-            "memory_bytes",
-            "spec_source",
-        ],
-    )
     if devs.unknown:
-        res.notes.append(
+        notes.append(
             "device not in the hardware table, so no roof for its work: "
             + "; ".join(sorted(devs.unknown))
             + " (pass device= to choose one; xpuprof.hardware.SPECS lists them)."
         )
     if devs.cpu_used:
-        res.notes.append(
+        notes.append(
             "CPU work is measured against this machine's calibrated CPU "
             "(xpuprof.hardware.local_cpu); a CPU trace recorded on another machine should be "
             "read with device= set to a spec of that machine."
         )
-    if not calibrate and (~on_device).any():
-        res.notes.append("calibrate=False: CPU ops have no roof.")
-    return res
+    if devs.cpu_skipped:
+        notes.append(
+            "CPU ops have no roof: this machine's CPU is calibrated only on request "
+            "(calibrate=True, CLI --calibrate: a micro-benchmark of a second or two, cached in "
+            "the user cache directory), which describes the trace's CPU only if it was "
+            "recorded here; or pass device= with a spec."
+        )
+    cols = ["part", "device_index", "key", "name", "source_of_match", "peak_tflops",
+            "memory_bandwidth", "memory_bytes", "spec_source"]  # fmt: skip
+    return pd.DataFrame(rows, columns=cols)
+
+
+def roofline(
+    trace: Trace,
+    *,
+    ranks: Iterable[int] | None = None,
+    steps: StepSelection = None,
+    device: Any = None,
+    tf32: bool = False,
+    calibrate: bool = False,
+) -> Result:
+    """Roofline placement of ops and kernels (``docs/roofline.md`` for every rule).
+
+    ``device``: a :class:`~xpuprof.hardware.DeviceSpec`, a table key (``"h100-sxm"``), a
+    device name, or ``"local-cpu"``, used for every event instead of the trace's own devices
+    ("what would this trace's work look like against an H200's roofs"). ``calibrate=True``
+    measures this machine's CPU (cached in the user cache directory) as the roof of CPU ops;
+    without it they have none. ``tf32``: fp32 matmuls ran on TF32 Tensor Cores. Tables:
+    ``ops``, ``by_name`` (ops grouped by name, precision and device, largest device time
+    first), ``kernels`` and ``devices``.
+    """
+    ranks = None if ranks is None else [int(r) for r in ranks]
+    notes: list[str] = []
+    devs = _Devices(trace, device, calibrate)
+    ops, specs, matrix = _ops(trace, devs, ranks, steps, tf32, notes)
+    kernels = _kernels(trace, devs, notes, ranks, steps)
+    if not len(ops):
+        notes.append(
+            "no framework-op FLOPs: the trace records no input shapes (torch.profiler "
+            "record_shapes=True, or xpuprof.profile(level='full')), or its ops are not ones "
+            "xpuprof can cost (xpuprof.costmodel.ops.supported_ops()); the ops table is empty"
+            + (" (kernel-level FLOPs from the trace are in the kernels table)." if len(kernels)
+               else ".")
+        )  # fmt: skip
+    tables = {"ops": ops, "by_name": _by_name(ops, specs, matrix), "kernels": kernels,
+              "devices": _devices_table(devs, notes)}  # fmt: skip
+    return Result(tables=tables, notes=notes)
 
 
 def _infer_tf32(
@@ -495,11 +445,8 @@ def _op_dtypes(trace: Trace, ids: np.ndarray) -> np.ndarray:
     got_ids = np.asarray(got["id"], np.int64)
     got_prec = np.array([prec(t) for t in got["types"].tolist()], dtype=object)
     out = np.full(len(ids), "fp32", dtype=object)
-    order = np.argsort(got_ids)
-    pos = np.clip(np.searchsorted(got_ids[order], ids), 0, max(len(got_ids) - 1, 0))
-    if len(got_ids):
-        hit = got_ids[order][pos] == ids
-        out[hit] = got_prec[order][pos][hit]
+    pos = rows_in(got_ids, ids)
+    out[pos >= 0] = got_prec[pos[pos >= 0]]
     return out
 
 
@@ -550,12 +497,11 @@ def _by_name(ops: pd.DataFrame, specs: list[Any], matrix: np.ndarray) -> pd.Data
 def _kernels(
     trace: Trace,
     devs: _Devices,
-    res: Result,
+    notes: list[str],
     ranks: list[int] | None,
-    steps: list[int] | None,
+    steps: StepSelection,
 ) -> pd.DataFrame:
-    from xpuprof.analysis.common import where_clause
-
+    """The ``kernels`` table: device work whose FLOPs the trace records."""
     w = where_clause(ranks=ranks, steps=steps)
     frames = []
     xla = trace.sql(
@@ -585,7 +531,7 @@ def _kernels(
             from events where {w} and lower(category) = 'cuda_profiler_range'"""
     )
     if len(cupti):
-        frames.append(_cupti(cupti, res))
+        frames.append(_cupti(cupti, notes))
     if not frames:
         return pd.DataFrame(columns=KERNEL_COLUMNS)
     k = pd.concat(frames, ignore_index=True)
@@ -600,7 +546,7 @@ def _kernels(
     )
 
 
-def _cupti(df: pd.DataFrame, res: Result) -> pd.DataFrame:
+def _cupti(df: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
     import msgspec
 
     fl = np.full(len(df), np.nan)
@@ -637,13 +583,13 @@ def _cupti(df: pd.DataFrame, res: Result) -> pd.DataFrame:
     same = out.groupby("part")["time_ns"].transform(lambda s: len(s) > 1 and s.nunique() == 1)
     if bool(same.any()):
         out.loc[same.astype(bool), "time_ns"] = np.nan
-        res.notes.append(
+        notes.append(
             f"{int(same.sum())} cuda_profiler_range kernels share one duration per source (the "
             "CUPTI range profiler replays each kernel and records the range, not the kernel "
             "time): their FLOPs are reported, achieved rates are not."
         )
     if out["bytes"].isna().any() and len(out):
-        res.notes.append(
+        notes.append(
             "CUPTI counter kernels without dram__bytes counters have no bytes: no intensity or "
             "bound for them. Their FLOPs count CUDA-core instructions only (no Tensor Core "
             "work)."

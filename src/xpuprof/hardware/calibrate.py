@@ -11,10 +11,12 @@ is what the ops in a CPU trace (oneDNN/BLAS GEMMs, vectorised elementwise loops)
 * **Memory bandwidth**: the best of a few ``numpy.copyto`` calls between two 256 MiB arrays (well
   beyond any last-level cache), counted as 2 × size bytes (one read, one write stream).
 
-The whole run takes about one to two seconds. The result is cached as JSON in the user cache
-directory (``$XPUPROF_CACHE_DIR``, else ``$XDG_CACHE_HOME/xpuprof``, else the platform's cache
-folder), keyed by CPU model, logical core count and numpy version, so later analyses read it in
-microseconds; ``refresh=True`` measures again.
+The whole run takes about one to two seconds, so it runs only when asked for (the roofline's
+``calibrate=True`` or ``device="local-cpu"``). The result is cached as JSON in the user cache
+directory (``$XDG_CACHE_HOME/xpuprof``, else ``~/.cache/xpuprof``; the platform's cache folder
+on macOS and Windows), keyed by CPU model, logical core count and numpy version, so later
+analyses read it in microseconds; ``refresh=True`` measures again. Nothing is written anywhere
+else.
 
 The calibration describes *this* machine: a CPU trace recorded elsewhere is measured against the
 machine that analyses it, and the roofline notes say so.
@@ -38,10 +40,7 @@ VERSION = 1
 
 
 def cache_dir() -> Path:
-    """Where xpuprof keeps per-user cached data."""
-    env = os.environ.get("XPUPROF_CACHE_DIR")
-    if env:
-        return Path(env)
+    """Where xpuprof keeps per-user cached data (the only place it writes on its own)."""
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Caches" / "xpuprof"
     if os.name == "nt":

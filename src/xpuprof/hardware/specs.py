@@ -20,6 +20,9 @@ Every number is the vendor's own, from the datasheet or documentation page named
 One entry is one device as the runtime sees it: an MI250/MI250X package is two GCDs that ROCm
 exposes as two devices, so ``match`` returns the ``-gcd`` entry (half the package) for a trace's
 device, and the package entry only for a bare name.
+
+Length: most of the module is the one table of datasheet entries, each with its source beside
+it; split across files it would be harder to audit against the datasheets, not easier to read.
 """
 
 from __future__ import annotations

@@ -22,9 +22,13 @@ from xpuprof.core.schema import SCHEMAS, TABLES
 from xpuprof.trace import store as st
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import duckdb
     import pandas as pd
     import pyarrow as pa
+
+    from xpuprof.trace.tree import EventTree
 
 #: Columns left out of ``Trace.events``: the lossless source text, large and rarely needed.
 HEAVY_COLUMNS = ("args", "extra")
@@ -142,6 +146,26 @@ class Trace:
         (read those with :meth:`args` or ``table("events")``)."""
         cols = [c for c in SCHEMAS["events"].names if c not in HEAVY_COLUMNS]
         return self.table("events", columns=cols).to_pandas()
+
+    def tree(
+        self,
+        ranks: Iterable[int] | None = None,
+        *,
+        host_only: bool = False,
+        columns: Iterable[str] = (),
+    ) -> EventTree:
+        """The event tree (``xpuprof.trace.tree.EventTree``, ``docs/tree.md``) of some ranks
+        (None: all), of host events only with ``host_only``; built once per selection and kept
+        in ``memo``. ``columns``: lazy columns the caller is about to use, read now (in the
+        same pass as the tree when it is built)."""
+        from xpuprof.trace.tree import build
+
+        key = ("tree", None if ranks is None else tuple(sorted({int(r) for r in ranks})), host_only)
+        if key not in self.memo:
+            self.memo[key] = build(self, key[1], host_only=host_only, columns=columns)
+        else:
+            self.memo[key].load(*columns)
+        return self.memo[key]
 
     def args(self, ids: list[int] | Any) -> dict[int, Any]:
         """The original args objects of the given event ids, decoded from their source text."""
