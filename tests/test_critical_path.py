@@ -9,11 +9,14 @@ each test's docstring.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import math
 from pathlib import Path
 
 import pytest
+from builders import TraceBuilder
 from conftest import shared
 
 import xpuprof
@@ -123,6 +126,17 @@ def test_path_is_hta_path_edge_by_edge(hta_case, raw_json) -> None:
         assert abs(t["total"] / US - ref["length_us"]) < 2
 
 
+@pytest.mark.parametrize("hta_case", CASES, indirect=True)
+def test_segments_are_charged_to_htas_events(hta_case) -> None:
+    """Every segment HTA charges to an event is charged here to an event of the same name,
+    zero-weight ones and kernel gaps included (HTA charges a gap to the kernel before it)."""
+    ref, res, _, _ = hta_case
+    ours = [str(n)[:60] for (_, _, e), n in zip(ref["edges"], res["path"].name, strict=True)
+            if e is not None]  # fmt: skip
+    theirs = [ref["events"][e] for _, _, e in ref["edges"] if e is not None]
+    assert len(theirs) > 20 and ours == theirs
+
+
 def name_of(path: Path) -> str:
     return path.name.removesuffix(".json.gz")
 
@@ -132,39 +146,18 @@ def name_of(path: Path) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def host(name, ts, dur, cat="cpu_op", **args) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
-            "args": args}  # fmt: skip
-
-
-def call(name, ts, dur, corr) -> dict:
-    return host(name, ts, dur, "cuda_runtime", correlation=corr)
-
-
-def kernel(name, ts, dur, corr, stream=7) -> dict:
-    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts,
-            "dur": dur, "args": {"correlation": corr, "device": 0, "stream": stream}}  # fmt: skip
-
-
-def cuda_sync(name, ts, dur, corr, stream=7, **args) -> dict:
-    return {"ph": "X", "cat": "cuda_sync", "name": name, "pid": 0, "tid": stream, "ts": ts,
-            "dur": dur, "args": {"correlation": corr, "device": 0, "stream": stream,
-                                 "cuda_sync_kind": name, **args}}  # fmt: skip
+def sync_event(tb: TraceBuilder, kind: str, ts, dur, corr, stream=7, **args) -> None:
+    """A ``cuda_sync`` event as PyTorch ≥ 2.1 records it (named by its kind)."""
+    tb.kernel(kind, ts, dur, stream=stream, correlation=corr, cat="cuda_sync",
+              cuda_sync_kind=kind, **args)  # fmt: skip
 
 
 @pytest.fixture
-def write(tmp_path):
-    traces = []
-
-    def _write(events: list[dict]):
-        path = tmp_path / f"t{len(traces)}.json"
-        path.write_text(json.dumps({"traceEvents": events}))
-        traces.append(xpuprof.load(path))
-        return traces[-1]
-
-    yield _write
-    for t in traces:
-        t.close()
+def load(tmp_path):
+    """``load(tb)``: the builder's trace imported and opened (closed after the test)."""
+    names = itertools.count()
+    with contextlib.ExitStack() as stack:
+        yield lambda tb: stack.enter_context(tb.load(tmp_path, f"t{next(names)}"))
 
 
 def ids(trace, *names) -> list[int]:
@@ -172,17 +165,18 @@ def ids(trace, *names) -> list[int]:
     return [int(df.id[df.name == n].iat[0]) for n in names]
 
 
-def test_cpu_bound(write) -> None:
+def test_cpu_bound(load) -> None:
     """Three 100 µs ops 100 µs apart, each launching a 5 µs kernel onto an idle stream, then
     cudaDeviceSynchronize. Via the GPU the path reaches the sync after op3's launch: 200 (ops
     1–2) + 40 (op3 up to its launch) + 15 (launch delay) + 5 (kernel) = 260 µs; via the host it
     is the three ops, 300 µs, all CPU (gaps between top-level ops and the sync weigh 0)."""
-    ev = []
+    tb = TraceBuilder()
     for i, t0 in enumerate((0, 200, 400)):
-        ev += [host(f"op{i}", t0, 100), call("cudaLaunchKernel", t0 + 40, 10, i),
-               kernel(f"k{i}", t0 + 55, 5, i)]  # fmt: skip
-    ev += [call("cudaDeviceSynchronize", 600, 20, 9), cuda_sync("Context Sync", 601, 18, 9)]
-    res = critical_path(write(ev))
+        tb.op(f"op{i}", t0, 100)
+        tb.launch(f"k{i}", t0 + 55, 5, launch_ts=t0 + 40, launch_dur=10, correlation=i)
+    tb.runtime("cudaDeviceSynchronize", 600, 20, correlation=9)
+    sync_event(tb, "Context Sync", 601, 18, 9)
+    res = critical_path(load(tb))
     t = totals(res)
     assert t["total"] == t["cpu_bound"] == 300 * US
     assert t["gpu_compute"] == t["launch_overhead"] == 0
@@ -193,18 +187,20 @@ def test_cpu_bound(write) -> None:
     check_path_invariants(res)
 
 
-def test_gpu_bound(write) -> None:
+def test_gpu_bound(load) -> None:
     """One op launches three 1000 µs kernels back to back (2 µs apart), the host then waits in
     cudaStreamSynchronize and runs a 10 µs op. Path: 10 µs of op up to the first launch, 6 µs
     launch delay (stream idle, queue empty), 3 × 1000 µs kernels with two 2 µs gaps (the later
     launches queue behind a busy stream: no launch delay), the sync (weight 0), the 10 µs op."""
-    ev = [host("aten::mm", 0, 50),
-          call("cudaLaunchKernel", 10, 5, 1), kernel("k1", 16, 1000, 1),
-          call("cudaLaunchKernel", 20, 5, 2), kernel("k2", 1018, 1000, 2),
-          call("cudaLaunchKernel", 30, 5, 3), kernel("k3", 2020, 1000, 3),
-          call("cudaStreamSynchronize", 60, 2965, 4), cuda_sync("Stream Sync", 61, 2963, 4),
-          host("aten::item", 3030, 10)]  # fmt: skip
-    trace = write(ev)
+    tb = TraceBuilder()
+    tb.op("aten::mm", 0, 50)
+    tb.launch("k1", 16, 1000, launch_ts=10, correlation=1)
+    tb.launch("k2", 1018, 1000, launch_ts=20, correlation=2)
+    tb.launch("k3", 2020, 1000, launch_ts=30, correlation=3)
+    tb.runtime("cudaStreamSynchronize", 60, 2965, correlation=4)
+    sync_event(tb, "Stream Sync", 61, 2963, 4)
+    tb.op("aten::item", 3030, 10)
+    trace = load(tb)
     res = critical_path(trace)
     t = totals(res)
     assert t == {"cpu_bound": 20 * US, "gpu_compute": 3000 * US, "gpu_communication": 0,
@@ -219,21 +215,22 @@ def test_gpu_bound(write) -> None:
     check_path_invariants(res)
 
 
-def test_cross_stream_event_wait(write) -> None:
+def test_cross_stream_event_wait(load) -> None:
     """Kernel A (500 µs, stream 7) is recorded in an event; stream 20 waits on it
     (cudaStreamWaitEvent) before kernel B (100 µs). The path must go A → B through the wait:
     10 µs op + 10 µs launch delay + 500 + 100 = 620 µs. Without the wait edge B would be
     unreachable from A and the path would stop at A's end (520 µs)."""
-    ev = [host("aten::add", 0, 60),
-          call("cudaLaunchKernel", 10, 5, 1), kernel("A", 20, 500, 1),
-          call("cudaEventRecord", 20, 2, 2),
-          call("cudaStreamWaitEvent", 25, 2, 3),
-          cuda_sync("Stream Wait Event", 26, 0, 3, stream=20, wait_on_stream=7,
-                    wait_on_cuda_event_record_corr_id=2),
-          call("cudaLaunchKernel", 30, 5, 4), kernel("B", 521, 100, 4, stream=20),
-          call("cudaDeviceSynchronize", 70, 555, 5),
-          cuda_sync("Context Sync", 71, 553, 5)]  # fmt: skip
-    trace = write(ev)
+    tb = TraceBuilder()
+    tb.op("aten::add", 0, 60)
+    tb.launch("A", 20, 500, launch_ts=10, correlation=1)
+    tb.runtime("cudaEventRecord", 20, 2, correlation=2)
+    tb.runtime("cudaStreamWaitEvent", 25, 2, correlation=3)
+    sync_event(tb, "Stream Wait Event", 26, 0, 3, stream=20, wait_on_stream=7,
+               wait_on_cuda_event_record_corr_id=2)  # fmt: skip
+    tb.launch("B", 521, 100, launch_ts=30, correlation=4, stream=20)
+    tb.runtime("cudaDeviceSynchronize", 70, 555, correlation=5)
+    sync_event(tb, "Context Sync", 71, 553, 5)
+    trace = load(tb)
     res = critical_path(trace)
     t = totals(res)
     assert t["total"] == 620 * US
@@ -246,18 +243,19 @@ def test_cross_stream_event_wait(write) -> None:
     check_path_invariants(res)
 
 
-def test_event_sync_joins_the_recorded_kernel_to_the_waiting_call(write) -> None:
+def test_event_sync_joins_the_recorded_kernel_to_the_waiting_call(load) -> None:
     """cudaEventSynchronize waits for the kernel launched before cudaEventRecord (a 300 µs
     kernel), not for a later one: 5 µs to its launch + 5 µs delay + 300 µs, then 20 µs op."""
-    ev = [host("aten::op", 0, 40),
-          call("cudaLaunchKernel", 5, 5, 1), kernel("long", 10, 300, 1),
-          call("cudaEventRecord", 12, 2, 2),
-          call("cudaLaunchKernel", 20, 5, 3), kernel("later", 26, 1, 3, stream=20),
-          call("cudaEventSynchronize", 50, 262, 4),
-          cuda_sync("Event Sync", 51, 260, 4, stream=-1, wait_on_stream=7,
-                    wait_on_cuda_event_record_corr_id=2),
-          host("aten::next", 320, 20)]  # fmt: skip
-    trace = write(ev)
+    tb = TraceBuilder()
+    tb.op("aten::op", 0, 40)
+    tb.launch("long", 10, 300, launch_ts=5, correlation=1)
+    tb.runtime("cudaEventRecord", 12, 2, correlation=2)
+    tb.launch("later", 26, 1, launch_ts=20, correlation=3, stream=20)
+    tb.runtime("cudaEventSynchronize", 50, 262, correlation=4)
+    sync_event(tb, "Event Sync", 51, 260, 4, stream=-1, wait_on_stream=7,
+               wait_on_cuda_event_record_corr_id=2)  # fmt: skip
+    tb.op("aten::next", 320, 20)
+    trace = load(tb)
     res = critical_path(trace)
     assert totals(res)["total"] == (5 + 5 + 300 + 20) * US
     p = res["path"]
@@ -267,31 +265,58 @@ def test_event_sync_joins_the_recorded_kernel_to_the_waiting_call(write) -> None
     check_path_invariants(res)
 
 
-def test_host_only_trace_says_so(write) -> None:
+def test_host_only_trace_says_so(load) -> None:
     """No device work: the path is the host ops (gaps between top-level ops weigh 0)."""
-    res = critical_path(write([host("a", 0, 100), host("b", 10, 20), host("c", 150, 50)]))
+    tb = TraceBuilder()
+    tb.op("a", 0, 100)
+    tb.op("b", 10, 20)
+    tb.op("c", 150, 50)
+    res = critical_path(load(tb))
     assert totals(res)["total"] == totals(res)["cpu_bound"] == 150 * US
     assert any("no device work linked to a launch" in n for n in res.notes)
     assert any("no cuda_sync events" in n for n in res.notes)
     check_path_invariants(res)
 
 
-def test_missing_steps_and_empty_trace_are_notes_not_errors(write) -> None:
-    trace = write([host("a", 0, 100)])
+def test_missing_steps_and_empty_trace_are_notes_not_errors(load) -> None:
+    tb = TraceBuilder()
+    tb.op("a", 0, 100)
+    trace = load(tb)
     res = critical_path(trace, steps=[7])
     assert res["path"].empty and res["summary"].empty
     assert any("no steps [7]" in n for n in res.notes)
     res = critical_path(trace, annotation="ProfilerStep")
     assert res["path"].empty and any("'ProfilerStep'" in n for n in res.notes)
-    res = critical_path(write([{"ph": "i", "name": "x", "pid": 1, "tid": 1, "ts": 0}]))
+    tb = TraceBuilder()
+    tb.add({"ph": "i", "name": "x", "pid": 1, "tid": 1, "ts": 0})
+    res = critical_path(load(tb))
     assert res["path"].empty and any("no host ops" in n for n in res.notes)
 
 
-def test_steps_window(write) -> None:
+def test_steps_window(load) -> None:
     """Only host ops starting inside the chosen steps (and what they launch) count."""
-    ev = [host("ProfilerStep#1", 0, 100, "user_annotation"), host("x", 10, 50),
-          host("ProfilerStep#2", 100, 100, "user_annotation"), host("y", 110, 30)]  # fmt: skip
-    trace = write(ev)
+    tb = TraceBuilder()
+    tb.step(1, 0, 100)
+    tb.op("x", 10, 50)
+    tb.step(2, 100, 100)
+    tb.op("y", 110, 30)
+    trace = load(tb)
     assert totals(critical_path(trace, steps=[2]))["total"] == 30 * US
     assert totals(critical_path(trace, steps=[1, 2]))["total"] == 80 * US
     assert totals(critical_path(trace, annotation="ProfilerStep", instance=1))["total"] == 30 * US
+
+
+def test_ranks_and_drop_last(load) -> None:
+    """Three steps with one op each (x 50 µs, y 30 µs, z 80 µs; top-level, so the gaps
+    between them weigh 0). drop-last: the span of steps 1–2, x + y = 80 µs; every step: 160 µs;
+    a rank the trace does not have: no path."""
+    tb = TraceBuilder(rank=0)
+    for n, (t0, dur) in enumerate(((0, 50), (100, 30), (200, 80)), start=1):
+        tb.step(n, t0, 100)
+        tb.op("xyz"[n - 1], t0 + 10, dur)
+    trace = load(tb)
+    assert totals(critical_path(trace, steps="drop-last"))["total"] == 80 * US
+    assert totals(critical_path(trace, steps="all"))["total"] == 160 * US
+    assert totals(critical_path(trace, ranks=[0], steps=[3]))["total"] == 80 * US
+    res = critical_path(trace, ranks=[1])
+    assert res["path"].empty and any("no host ops" in n for n in res.notes)
