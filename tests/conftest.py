@@ -1,10 +1,12 @@
 """Shared fixtures: where the traces are, how to read them independently, how to run the CLI.
 
 Expected numbers in these tests are computed from the raw JSON with the standard ``json`` and
-``gzip`` modules, never from xpuprof's own output. The real traces published by others live in
-``../shared/traces`` (relative to the project root); tests that need them skip with a clear
-reason when that folder is absent, and the rest of the suite still exercises real behaviour on
-the trace shipped in the package and on traces the tests write themselves.
+``gzip`` modules, never from xpuprof's own output. The real traces published by others are found
+in the folder named by the environment variable ``XPUPROF_TEST_TRACES`` (laid out like
+``shared/traces``: ``kineto/``, ``xplane/``…) or, when it is not set, in ``../shared/traces``
+relative to the project root. Tests that need them skip with a reason naming both; the rest of
+the suite still exercises real behaviour on the trace shipped in the package and on traces the
+tests write themselves (``tests/builders.py``).
 """
 
 from __future__ import annotations
@@ -24,13 +26,28 @@ from typing import Any
 
 import pytest
 
-SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+#: The project root (the folder holding ``src/`` and ``tests/``).
+ROOT = Path(__file__).resolve().parents[1]
+#: The environment variable naming a folder of real traces laid out like ``shared/traces``.
+TRACES_ENV = "XPUPROF_TEST_TRACES"
+#: The default folder of real traces, next to the project root.
+DEFAULT_TRACES = ROOT.parent / "shared" / "traces"
+
+
+def traces_root() -> Path:
+    """Where the real traces are: ``$XPUPROF_TEST_TRACES`` when set, else ../shared/traces."""
+    env = os.environ.get(TRACES_ENV)
+    return Path(env).expanduser().resolve() if env else DEFAULT_TRACES
+
+
+SHARED_TRACES = traces_root()
 KINETO = SHARED_TRACES / "kineto"
 #: The real trace shipped inside the package (a PyTorch CPU training run).
 EXAMPLE = Path(str(files("xpuprof") / "data" / "example_cpu_train.pt.trace.json.gz"))
 NO_SHARED = (
-    f"real traces not found at {KINETO} (the suite reads ../shared/traces relative to the "
-    "project root); tests on the shipped example trace and on self-written traces still run"
+    f"real traces not found at {SHARED_TRACES} (the suite reads ${TRACES_ENV} when set, else "
+    f"../shared/traces relative to the project root, {DEFAULT_TRACES}); tests on the shipped "
+    "example trace and on self-written traces still run"
 )
 
 
@@ -102,13 +119,17 @@ def us_to_ns(value: Any) -> int:
     return int(d)
 
 
-def cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``xpuprof`` as a user would (a fresh interpreter), capturing stdout and stderr."""
+def cli(
+    *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``xpuprof`` as a user would (a fresh interpreter), capturing stdout and stderr;
+    ``env`` adds variables to the test's own environment."""
     return subprocess.run(
         [sys.executable, "-m", "xpuprof.ui.cli", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd,
+        env={**os.environ, **env} if env else None,
         timeout=300,
     )
 
@@ -164,4 +185,42 @@ def nccl(tmp_path_factory):
     xpuprof.import_traces([path], store)
     trace = xpuprof.load(store)
     yield path, trace
+    trace.close()
+
+
+@pytest.fixture(scope="session")
+def dlrm_store(tmp_path_factory):
+    """The 8-rank DLRM job (one file per rank) imported once into one store, for every test
+    file; yields the opened trace and the source files in name order. Read-only."""
+    import xpuprof
+
+    d = shared("kineto/gpu/dlrm_8rank_v100")
+    files = sorted(d.glob("*.json.gz"))
+    store = tmp_path_factory.mktemp("dlrm") / "dlrm.store"
+    xpuprof.import_traces(files, store)
+    trace = xpuprof.load(store)
+    yield trace, files
+    trace.close()
+
+
+@pytest.fixture(scope="session")
+def demo_capture(tmp_path_factory):
+    """The built-in demo model (2 blocks) captured at level ``op`` with layer spans, 2 steps
+    after 1 of warm-up, once for the suite. Yields the opened trace and the model's modules
+    (path → type name; the root under its class name). Read-only."""
+    pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
+    import xpuprof
+    from xpuprof.workloads.demo import Trainer
+
+    trainer = Trainer(batch=4, seq=32, layers=2)
+    trainer.step()  # warm up outside the capture
+    store = tmp_path_factory.mktemp("demo") / "demo.store"
+    with xpuprof.profile(store, level="op", model=trainer.model, steps=2, warmup=1):
+        for i in range(4):
+            xpuprof.step(i)
+            trainer.step()
+    trace = xpuprof.load(store)
+    modules = {path or type(trainer.model).__name__: type(m).__name__
+               for path, m in trainer.model.named_modules()}  # fmt: skip
+    yield trace, modules
     trace.close()

@@ -10,12 +10,12 @@ and the comm/compute overlap — which HTA 0.5.0 also reports for these files.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from builders import TraceBuilder
 from conftest import read_trace_json, shared, us_to_ns
 
 import xpuprof
@@ -24,14 +24,8 @@ from xpuprof.analysis.comm import collectives, kernel_parts, normalize_collectiv
 MIB = 1 << 20
 
 
-def _kernel(name, ts, dur, stream, args=None):
-    a = {"device": 0, "stream": stream, "correlation": 0}
-    a.update(args or {})
-    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts,
-            "dur": dur, "args": a}  # fmt: skip
-
-
 def _coll(kind, n_in, n_out, dtype, group=4):
+    """The record_param_comms args PyTorch copies onto an NCCL kernel."""
     return {"Collective name": kind, "In msg nelems": n_in, "Out msg nelems": n_out,
             "Group size": group, "dtype": dtype, "Process Group Name": "0",
             "Process Group Ranks": str(list(range(group)))}  # fmt: skip
@@ -39,38 +33,21 @@ def _coll(kind, n_in, n_out, dtype, group=4):
 
 @pytest.fixture
 def synthetic(tmp_path):
-    ev = [
-        _kernel(
-            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
-            1000,
-            100,
-            20,
-            _coll("allreduce", MIB, MIB, "Float"),
-        ),
-        _kernel("gemm_kernel", 1050, 100, 7),  # overlaps the second half of the all-reduce
-        _kernel(
-            "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-            2000,
-            50,
-            20,
-            _coll("all_gather", MIB // 4, MIB, "Float"),
-        ),
-        _kernel(
-            "ncclDevKernel_ReduceScatter_Sum_bf16_RING_SIMPLE(ncclDevKernelArgsStorage<4096ul>)",
-            3000,
-            25,
-            20,
-            _coll("reduce_scatter", MIB, MIB // 4, "BFloat16"),
-        ),
-    ]
-    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 4},
-           "traceEvents": ev}  # fmt: skip
-    src = tmp_path / "rank0.json"
-    src.write_text(json.dumps(doc))
-    xpuprof.import_traces([src], tmp_path / "s")
-    t = xpuprof.load(tmp_path / "s")
-    yield t
-    t.close()
+    tb = TraceBuilder(rank=None, schemaVersion=1,
+                      distributedInfo={"backend": "nccl", "rank": 0, "world_size": 4})  # fmt: skip
+    tb.kernel("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+              1000, 100, stream=20, correlation=0,
+              **_coll("allreduce", MIB, MIB, "Float"))  # fmt: skip
+    # overlaps the second half of the all-reduce
+    tb.kernel("gemm_kernel", 1050, 100, stream=7, correlation=0)
+    tb.kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+              2000, 50, stream=20, correlation=0,
+              **_coll("all_gather", MIB // 4, MIB, "Float"))  # fmt: skip
+    tb.kernel("ncclDevKernel_ReduceScatter_Sum_bf16_RING_SIMPLE(ncclDevKernelArgsStorage<4096ul>)",
+              3000, 25, stream=20, correlation=0,
+              **_coll("reduce_scatter", MIB, MIB // 4, "BFloat16"))  # fmt: skip
+    with tb.load(tmp_path, "rank0") as t:
+        yield t
 
 
 def test_names():
@@ -126,10 +103,9 @@ def test_busbw_by_hand(synthetic):
 
 
 def test_no_collectives(tmp_path):
-    src = tmp_path / "x.json"
-    src.write_text(json.dumps({"traceEvents": [_kernel("gemm", 0, 10, 7)]}))
-    xpuprof.import_traces([src], tmp_path / "s")
-    with xpuprof.load(tmp_path / "s") as t:
+    tb = TraceBuilder(rank=None)
+    tb.kernel("gemm", 0, 10, stream=7, correlation=0)
+    with tb.load(tmp_path) as t:
         r = collectives(t)
         assert r["collectives"].empty and any("no collective" in n for n in r.notes)
 
@@ -137,14 +113,12 @@ def test_no_collectives(tmp_path):
 DTYPE_SIZE = {"Float": 4, "Long": 8}
 
 
-def test_a100_rank0_against_raw_args(tmp_path):
-    src = shared("kineto/gpu/a100_rank0of2_nccl.json.gz")
+def test_a100_rank0_against_raw_args(nccl):
+    src, t = nccl
     raw = [e for e in read_trace_json(src, exact=True)["traceEvents"]
            if e.get("cat") == "kernel" and "nccl" in e["name"].lower()]  # fmt: skip
     raw.sort(key=lambda e: e["ts"])
-    xpuprof.import_traces([src], tmp_path / "s")
-    with xpuprof.load(tmp_path / "s") as t:
-        c = collectives(t)["collectives"].sort_values("ts")
+    c = collectives(t)["collectives"].sort_values("ts")
     assert len(c) == len(raw) == 21
     want_bytes = [max(e["args"]["In msg nelems"], e["args"]["Out msg nelems"])
                   * DTYPE_SIZE[e["args"]["dtype"]] for e in raw]  # fmt: skip
@@ -203,14 +177,10 @@ def _union(iv):
 
 
 @pytest.fixture(scope="module")
-def dlrm(tmp_path_factory):
-    d = shared("kineto/gpu/dlrm_8rank_v100")
-    files = sorted(d.glob("*.json.gz"))
-    store = tmp_path_factory.mktemp("dlrm") / "s"
-    xpuprof.import_traces(files, store)
-    t = xpuprof.load(store)
-    yield t, _dlrm_raw(files)
-    t.close()
+def dlrm(dlrm_store):
+    """The 8-rank job's store (imported once for the suite) and what its JSON says."""
+    t, files = dlrm_store
+    return t, _dlrm_raw(files)
 
 
 def test_dlrm_table_matches_the_raw_json(dlrm):

@@ -6,30 +6,27 @@ numbers, independently of the importer), or from the store the export started fr
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
-import subprocess
-import sys
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from conftest import EXAMPLE, cli, no_gc, shared
 
 import xpuprof
 from xpuprof.core.errors import XpuprofError
 from xpuprof.export import chrome
 from xpuprof.export.chrome import export_chrome
 
-ROOT = Path(__file__).resolve().parents[1]
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-KINETO = TRACES / "kineto"
-EXAMPLE = ROOT / "src" / "xpuprof" / "data" / "example_cpu_train.pt.trace.json.gz"
-DLRM = KINETO / "gpu" / "dlrm_8rank_v100"
-
-SHARED_TRACES = [
+SHARED = [
     "gpu/v100_ns_resolution.json.gz",
     "gpu/resnet50_v100_2021/num_workers_0.pt.trace.json.gz",
     "gpu/a100_rank0of2_nccl.json.gz",
@@ -79,12 +76,8 @@ SYNTHETIC = r"""{"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "Fak
  ]}"""
 
 
-def _need(path: Path) -> Path:
-    if not TRACES.is_dir():
-        pytest.skip(f"shared traces not found at {TRACES} (the ../shared checkout is absent)")
-    if not path.exists():
-        pytest.skip(f"{path} is missing from the shared traces")
-    return path
+#: Shared traces whose round trip several tests read: made once and kept for the module.
+REUSED = ("gpu/v100_ns_resolution.json.gz", "edge/large_integer.json.gz")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -93,9 +86,16 @@ def _need(path: Path) -> Path:
 
 
 def _load_json(path: Path) -> Any:
+    """The document with every number exact (floats as Decimal)."""
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rb") as f:
+    with opener(path, "rb") as f, no_gc():
         return json.loads(f.read(), parse_float=Decimal)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_source(path: Path) -> Any:
+    """A source trace's document, parsed once for the tests that read it (never modified)."""
+    return _load_json(path)
 
 
 def _entries(doc: Any) -> list[dict[str, Any]]:
@@ -112,8 +112,11 @@ def _ns(v: Any) -> int | None:
     return None if v is None else int(Decimal(v) * 1000)
 
 
-def _args_text(v: Any) -> Any:
-    return None if v is None else json.loads(v, parse_float=Decimal)
+def _args_texts(values: list[str | None]) -> list[Any]:
+    """The ``args`` JSON texts of many events decoded, numbers exact (one parse for all)."""
+    text = "[" + ",".join("null" if v is None else v for v in values) + "]"
+    with no_gc():
+        return json.loads(text, parse_float=Decimal)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,30 +124,29 @@ def _args_text(v: Any) -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
+def _labels(column: Any) -> Counter:
+    """How often each value occurs in a string column, a missing value counted as ""."""
+    return Counter(pc.fill_null(column.cast(pa.string()), "").to_pylist())
+
+
 def _store_counts(trace: Any) -> tuple[Counter, Counter]:
     """Counts per phase and category of the source entries a store accounts for: events (a B
     with a duration stands for a B and its E), flows, counters (one per entry) and metadata."""
-    phase: Counter = Counter()
-    cat: Counter = Counter()
-    ev = trace.table("events", columns=["phase", "category", "dur"]).to_pydict()
-    for ph, c, d in zip(ev["phase"], ev["category"], ev["dur"], strict=True):
-        phase[ph] += 1
-        cat[c or ""] += 1
-        if ph == "B" and d is not None:
-            phase["E"] += 1
-            cat[""] += 1  # the importer keeps no category for the E of a pair
-    fl = trace.table("flows", columns=["phase", "category"]).to_pydict()
-    phase.update(fl["phase"])
-    cat.update(c or "" for c in fl["category"])
+    ev = trace.table("events", columns=["phase", "category", "dur"])
+    phase, cat = _labels(ev["phase"]), _labels(ev["category"])
+    pairs = pc.sum(pc.and_(pc.equal(ev["phase"], "B"), pc.is_valid(ev["dur"]))).as_py() or 0
+    phase["E"] += pairs
+    cat[""] += pairs  # the importer keeps no category for the E of a pair
+    fl = trace.table("flows", columns=["phase", "category"])
+    phase += _labels(fl["phase"])
+    cat += _labels(fl["category"])
     co = trace.table("counters", columns=["part", "index", "category"]).to_pydict()
-    seen = {}
-    for p, i, c in zip(co["part"], co["index"], co["category"], strict=True):
-        seen[(p, i)] = c
+    seen = dict(zip(zip(co["part"], co["index"], strict=True), co["category"], strict=True))
     phase["C"] += len(seen)
     cat.update(c or "" for c in seen.values())
-    md = trace.table("metadata", columns=["category"]).to_pydict()
-    phase["M"] += len(md["category"])
-    cat.update(c or "" for c in md["category"])
+    md = trace.table("metadata", columns=["category"])
+    phase["M"] += md.num_rows
+    cat += _labels(md["category"])
     return +phase, +cat
 
 
@@ -158,6 +160,12 @@ def _times(trace: Any) -> dict[str, dict[tuple[int, int], tuple[int, int | None]
             (p, i): (t, u) for p, i, t, u in zip(d["part"], d["index"], d["ts"], durs, strict=True)
         }
     return out
+
+
+def _sorted_times(trace: Any, name: str) -> pa.Table:
+    """(part, index, ts[, dur]) of every row of table ``name``, in (part, index) order."""
+    cols = ["part", "index", "ts"] + (["dur"] if name == "events" else [])
+    return trace.table(name, columns=cols).sort_by([("part", "ascending"), ("index", "ascending")])
 
 
 def _manifest_totals(trace: Any) -> tuple[dict[str, int], dict[str, int]]:
@@ -176,6 +184,8 @@ def _check_file_against_source(src_entries: list[dict], out_entries: list[dict])
     assert len(out_entries) == len(src_entries)
     assert Counter(e["ph"] for e in out_entries) == Counter(e["ph"] for e in src_entries)
     for k, (a, b) in enumerate(zip(src_entries, out_entries, strict=True)):
+        if a == b:  # the same keys and values: every check below holds
+            continue
         where = f"entry {k}: {a} vs {b}"
         assert a["ph"] == b["ph"], where
         for key in ("cat", "name", "s", "bp"):
@@ -187,13 +197,27 @@ def _check_file_against_source(src_entries: list[dict], out_entries: list[dict])
         assert a.get("args") == b.get("args"), where
 
 
-def _roundtrip(src: Path, tmp: Path) -> tuple[Any, Any, Path]:
+@dataclass
+class Roundtrip:
+    """A source imported (``first``), exported to ``out`` and the export imported (``again``)."""
+
+    src: Path
+    first: Any
+    again: Any
+    out: Path
+
+    def close(self) -> None:
+        self.first.close()
+        self.again.close()
+
+
+def _roundtrip(src: Path, tmp: Path) -> Roundtrip:
     a = xpuprof.import_traces([src], tmp / "a")
     assert not a.noop
     first = xpuprof.load(tmp / "a")
     out = tmp / "x.json.gz"
     summary = export_chrome(first, out)
-    raw = _entries(_load_json(src))
+    raw = _entries(_load_source(src))
     assert summary == {
         "path": str(out),
         "sources": 1,
@@ -201,12 +225,13 @@ def _roundtrip(src: Path, tmp: Path) -> tuple[Any, Any, Path]:
         "bytes": out.stat().st_size,
     }
     xpuprof.import_traces([out], tmp / "b")
-    return first, xpuprof.load(tmp / "b"), out
+    return Roundtrip(src, first, xpuprof.load(tmp / "b"), out)
 
 
-def _check_roundtrip(src: Path, tmp: Path) -> None:
-    first, again, out = _roundtrip(src, tmp)
-    src_doc = _load_json(src)
+def _check(rt: Roundtrip) -> None:
+    """The round trip kept everything: counts, entries, top-level keys, times and args."""
+    first, again, out = rt.first, rt.again, rt.out
+    src_doc = _load_source(rt.src)
     raw = _entries(src_doc)
     phase, cat = _raw_counts(raw)
     # counts: the store before and after agree with each other and with the raw JSON
@@ -221,21 +246,50 @@ def _check_roundtrip(src: Path, tmp: Path) -> None:
         assert {k: v for k, v in out_doc.items() if k != "traceEvents"} == {
             k: v for k, v in src_doc.items() if k != "traceEvents"
         }
-    # every ts/dur identical in ns, joined on (part, index)
-    t0, t1 = _times(first), _times(again)
-    assert t0 == t1
-    for (_, i), (ts, _dur) in t1["events"].items():
+    # every ts/dur identical in ns, row by row in (part, index) order
+    for name in ("events", "flows", "counters", "metadata"):
+        assert _sorted_times(first, name).equals(_sorted_times(again, name)), name
+    ev = _sorted_times(again, "events").to_pydict()
+    for i, ts in zip(ev["index"], ev["ts"], strict=True):
         assert ts == _ns(raw[i]["ts"]), i
     # args of every event equal the source's
     ev = again.table("events", columns=["index", "phase", "args"]).to_pydict()
-    for i, ph, args in zip(ev["index"], ev["phase"], ev["args"], strict=True):
+    args = _args_texts(ev["args"])
+    for i, ph, a in zip(ev["index"], ev["phase"], args, strict=True):
         assert raw[i]["ph"] == ph
-        assert _args_text(args) == raw[i].get("args"), i
+        assert a == raw[i].get("args"), i
 
 
-@pytest.mark.parametrize("rel", SHARED_TRACES)
-def test_roundtrip_shared_trace(rel: str, tmp_path: Path) -> None:
-    _check_roundtrip(_need(KINETO / rel), tmp_path)
+def _check_roundtrip(src: Path, tmp: Path) -> None:
+    rt = _roundtrip(src, tmp)
+    try:
+        _check(rt)
+    finally:
+        rt.close()
+
+
+@pytest.fixture(scope="module")
+def reused(tmp_path_factory) -> Iterator[dict[str, Roundtrip]]:
+    """The round trips of the REUSED shared traces, made on first use and kept for the module."""
+    made: dict[str, Roundtrip] = {}
+
+    class Lazy(dict):
+        def __missing__(self, rel: str) -> Roundtrip:
+            src = shared(f"kineto/{rel}")
+            made[rel] = self[rel] = _roundtrip(src, tmp_path_factory.mktemp("roundtrip"))
+            return made[rel]
+
+    yield Lazy()
+    for rt in made.values():
+        rt.close()
+
+
+@pytest.mark.parametrize("rel", SHARED)
+def test_roundtrip_shared_trace(rel: str, tmp_path: Path, reused: dict[str, Roundtrip]) -> None:
+    if rel in REUSED:
+        _check(reused[rel])
+    else:
+        _check_roundtrip(shared(f"kineto/{rel}"), tmp_path)
 
 
 def test_roundtrip_shipped_example(tmp_path: Path) -> None:
@@ -260,25 +314,23 @@ def test_roundtrip_synthetic(tmp_path: Path) -> None:
     assert json.loads(gzip.decompress(text))["customTop"] == {"x": 18446744073709551617}
 
 
-def test_ns_decimals_written_exactly(tmp_path: Path) -> None:
-    src = _need(KINETO / "gpu" / "v100_ns_resolution.json.gz")
-    _, _, out = _roundtrip(src, tmp_path)
-    text = gzip.decompress(out.read_bytes()).decode()
+def test_ns_decimals_written_exactly(reused: dict[str, Roundtrip]) -> None:
+    rt = reused["gpu/v100_ns_resolution.json.gz"]
+    text = gzip.decompress(rt.out.read_bytes()).decode()
     # the first event of the file, as Kineto wrote it (no float could carry this)
     assert '"ts":1712195495519689.047,' in text
-    raw = _entries(_load_json(src))
+    raw = _entries(_load_source(rt.src))
     with_ns = [e for e in raw if isinstance(e.get("ts"), Decimal) and e["ts"] % 1]
     assert with_ns, "the trace should carry nanosecond decimals"
     for e in with_ns[:1000]:
         assert f'"ts":{e["ts"].normalize():f}' in text
 
 
-def test_large_integer_args_byte_exact(tmp_path: Path) -> None:
-    src = _need(KINETO / "edge" / "large_integer.json.gz")
-    _, again, out = _roundtrip(src, tmp_path)
-    text = gzip.decompress(out.read_bytes()).decode()
+def test_large_integer_args_byte_exact(reused: dict[str, Roundtrip]) -> None:
+    rt = reused["edge/large_integer.json.gz"]
+    text = gzip.decompress(rt.out.read_bytes()).decode()
     assert '"args":{"Comms Id": 10159970886766084423}' in text
-    args = again.table("events", columns=["args"])["args"].to_pylist()
+    args = rt.again.table("events", columns=["args"])["args"].to_pylist()
     assert '{"Comms Id": 10159970886766084423}' in args
 
 
@@ -287,25 +339,32 @@ def test_large_integer_args_byte_exact(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _dlrm(tmp: Path) -> tuple[Any, list[Path]]:
-    _need(DLRM)
-    files = sorted(DLRM.glob("*.json.gz"))
+@dataclass
+class Dlrm:
+    """The 8-rank DLRM store (imported once for the suite) and its source documents."""
+
+    first: Any
+    files: list[Path]
+    docs: dict[Path, Any]
+
+    def rank_of(self, path: Path) -> int:
+        return self.docs[path]["distributedInfo"]["rank"]
+
+
+@pytest.fixture(scope="module")
+def dlrm(dlrm_store) -> Dlrm:
+    first, files = dlrm_store
     assert len(files) == 8
-    xpuprof.import_traces([DLRM], tmp / "a")
-    return xpuprof.load(tmp / "a"), files
+    return Dlrm(first, files, {f: _load_json(f) for f in files})
 
 
-def _rank_of(path: Path) -> int:
-    return _load_json(path)["distributedInfo"]["rank"]
-
-
-def test_export_directory_one_file_per_rank(tmp_path: Path) -> None:
-    first, files = _dlrm(tmp_path)
+def test_export_directory_one_file_per_rank(tmp_path: Path, dlrm: Dlrm) -> None:
+    first, files = dlrm.first, dlrm.files
     out = tmp_path / "out"
     summary = export_chrome(first, str(out) + "/")
     names = sorted(Path(f).name for f in summary["files"])
     assert names == [f"rank{r}.pt.trace.json.gz" for r in range(8)]
-    raw_by_rank = {_rank_of(f): _entries(_load_json(f)) for f in files}
+    raw_by_rank = {dlrm.rank_of(f): _entries(dlrm.docs[f]) for f in files}
     assert summary["sources"] == 8
     assert summary["events"] == sum(len(v) for v in raw_by_rank.values())
     assert summary["bytes"] == sum(Path(f).stat().st_size for f in summary["files"])
@@ -341,11 +400,11 @@ def test_export_directory_one_file_per_rank(tmp_path: Path) -> None:
     assert export_chrome(first, existing)["events"] == summary["events"]
 
 
-def test_export_merged_ranks(tmp_path: Path) -> None:
-    first, files = _dlrm(tmp_path)
+def test_export_merged_ranks(tmp_path: Path, dlrm: Dlrm) -> None:
+    first, files = dlrm.first, dlrm.files
     out = tmp_path / "merged.json.gz"
     summary = export_chrome(first, out)
-    raws = [_entries(_load_json(f)) for f in sorted(files, key=_rank_of)]
+    raws = [_entries(dlrm.docs[f]) for f in sorted(files, key=dlrm.rank_of)]
     total = sum(len(r) for r in raws)
     assert summary == {"path": str(out), "sources": 8, "events": total, "bytes": out.stat().st_size}
     doc = _load_json(out)
@@ -371,7 +430,7 @@ def test_export_merged_ranks(tmp_path: Path) -> None:
     # per-rank top-level keys are kept per source; shared ones stay at the top
     assert "distributedInfo" not in doc
     assert [s["meta"]["distributedInfo"]["rank"] for s in doc["xpuprofSources"]] == list(range(8))
-    assert doc["schemaVersion"] == _load_json(files[0])["schemaVersion"]
+    assert doc["schemaVersion"] == dlrm.docs[files[0]]["schemaVersion"]
     # re-import: one source with every entry, counts equal the sum of the ranks
     xpuprof.import_traces([out], tmp_path / "b")
     again = xpuprof.load(tmp_path / "b")
@@ -395,6 +454,7 @@ def test_export_merged_ranks(tmp_path: Path) -> None:
     distinct = set(pc.unique(ev["pid"]).to_pylist())
     distinct |= set(pc.unique(md["pid"]).to_pylist()) | set(pc.unique(fl["pid"]).to_pylist())
     assert len(distinct) == pids_per_rank
+    again.close()
 
 
 def test_parts_without_rank_or_with_repeated_rank(tmp_path: Path) -> None:
@@ -450,6 +510,8 @@ def test_parts_without_rank_or_with_repeated_rank(tmp_path: Path) -> None:
         cat += c
     assert _store_counts(again) == (phase, cat)
     assert _manifest_totals(again) == _manifest_totals(first)
+    again.close()
+    first.close()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -457,9 +519,10 @@ def test_parts_without_rank_or_with_repeated_rank(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def test_error_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    xpuprof.import_traces([EXAMPLE], tmp_path / "a")
-    trace = xpuprof.load(tmp_path / "a")
+def test_error_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, example_store
+) -> None:
+    trace, _ = example_store
     with pytest.raises(XpuprofError, match="does not exist"):
         export_chrome(trace, tmp_path / "no" / "such" / "x.json.gz")
     assert not (tmp_path / "no").exists()
@@ -494,17 +557,13 @@ def test_small_chunks_keep_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     _check_roundtrip(EXAMPLE, tmp_path / "e")
 
 
-def test_cli_export_json(tmp_path: Path) -> None:
-    xpuprof.import_traces([EXAMPLE], tmp_path / "store")
+def test_cli_export_json(tmp_path: Path, example_store) -> None:
+    trace, _ = example_store
     out = tmp_path / "out.json.gz"
-    proc = subprocess.run(
-        [sys.executable, "-m", "xpuprof.ui.cli", "export", str(tmp_path / "store"),
-         "-o", str(out), "--json"],
-        capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
+    proc = cli("export", trace.path, "-o", out, "--json")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    raw = _entries(_load_json(EXAMPLE))
+    raw = _entries(_load_source(EXAMPLE))
     assert summary["events"] == len(raw)
     assert summary["sources"] == 1
     assert summary["bytes"] == out.stat().st_size

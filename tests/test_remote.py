@@ -1,32 +1,38 @@
 """On-demand capture of a running training loop from a second process.
 
-The job is a real process (a PyTorch loop calling ``xpuprof.step``) that logs the wall time of
-every step; the client is the CLI. The step log, written by the job itself, is the independent
-record the checks use: which steps the store holds, and the loop's rate before, during and
-after the capture.
+The job is a real process (a PyTorch loop calling ``xpuprof.step``), started once for the
+module, that logs the wall time of every step; the client is the CLI. The step log, written by
+the job itself, is the independent record the checks use: which steps the store holds, and the
+loop's rate before, during and after the capture.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import cli
 
 pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
 
 import xpuprof  # noqa: E402
 
+#: How long the loop's rate is measured before and after the capture window (seconds). At the
+#: job's ~70 steps/s on one core that is over a hundred steps per window.
+RATE_WINDOW_S = 2.0
+
 JOB = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     import torch
     import xpuprof
     from xpuprof.workloads.demo import Trainer
@@ -36,16 +42,21 @@ JOB = textwrap.dedent(
     torch.set_num_threads(1)
 
     token, base, level, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-    trainer = Trainer(layers=1, d=32, seq=16)
+    # steps of ~15 ms: few enough events per captured second that the capture is read and
+    # written in about a second, and the step rate is steady
+    trainer = Trainer(layers=1, d=128, seq=64)
+    for _ in range(3):  # warm up before anyone measures the rate
+        trainer.step()
     server = xpuprof.serve(0, token=token, level=level, model=trainer.model)
+    log = open(base + ".steps", "w")
+    stop, hold = base + ".stop", base + ".hold"
     with open(base + ".url", "w") as f:
         f.write(server.url)
-    log = open(base + ".steps", "w")
     end = time.time() + seconds
-    stop = base + ".stop"
     i = 0
-    import os
     while time.time() < end and not os.path.exists(stop):
+        while os.path.exists(hold):  # the test can hold the loop between two steps
+            time.sleep(0.005)
         xpuprof.step(i)
         trainer.step()
         log.write(f"{i} {time.time_ns()}\\n")
@@ -56,30 +67,65 @@ JOB = textwrap.dedent(
 )
 
 
-def start_job(tmp_path: Path, token: str, level: str, seconds: float) -> tuple:
-    script = tmp_path / "job.py"
+@dataclass
+class Job:
+    """The running job: its server's URL and token, its step log, and the files the test uses
+    to stop it or to hold its loop between two steps."""
+
+    proc: subprocess.Popen
+    url: str
+    token: str
+    base: Path
+    #: When the loop last ran with nothing else asking anything of it (wall clock, seconds).
+    quiet_since: float
+
+    @property
+    def steps_file(self) -> Path:
+        return self.base.with_suffix(".steps")
+
+    @property
+    def hold_file(self) -> Path:
+        return self.base.with_suffix(".hold")
+
+    def stop(self) -> None:
+        self.base.with_suffix(".stop").write_text("")
+        self.hold_file.unlink(missing_ok=True)
+        try:
+            self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> Iterator[Job]:
+    """One training job for the tests below (starting one, torch import included, is the
+    slowest part of each): it runs until the module's tests are done."""
+    d = tmp_path_factory.mktemp("job")
+    script = d / "job.py"
     script.write_text(JOB)
-    base = tmp_path / "job"
+    base = d / "job"
+    token = "t0ken-for-the-test"
     proc = subprocess.Popen(
-        [sys.executable, str(script), token, str(base), level, str(seconds)],
+        [sys.executable, str(script), token, str(base), "op", "120"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    url_file = Path(str(base) + ".url")
+    url_file = base.with_suffix(".url")
     deadline = time.time() + 60
     while not url_file.exists() or not url_file.read_text():
         assert proc.poll() is None, proc.communicate()
         assert time.time() < deadline, "the job did not start its server"
-        time.sleep(0.05)
-    return proc, url_file.read_text(), Path(str(base) + ".steps")
-
-
-def stop_job(proc: subprocess.Popen, steps_file: Path) -> None:
-    Path(str(steps_file).replace(".steps", ".stop")).write_text("")
-    proc.wait(timeout=60)
+        time.sleep(0.02)
+    job = Job(proc, url_file.read_text(), token, base, time.time())
+    yield job
+    job.stop()
 
 
 def steps_log(path: Path) -> list[tuple[int, int]]:
-    return [tuple(map(int, line.split())) for line in path.read_text().splitlines() if line]
+    """(step, wall-clock ns when it was done) per logged step; a line the job is still writing
+    is left out."""
+    lines = path.read_text().split("\n")[:-1]  # the text after the last newline is unfinished
+    return [tuple(map(int, line.split())) for line in lines if line]
 
 
 def rate(log: list[tuple[int, int]], t0: float, t1: float) -> float:
@@ -87,35 +133,22 @@ def rate(log: list[tuple[int, int]], t0: float, t1: float) -> float:
     return n / (t1 - t0)
 
 
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "xpuprof.ui.cli", *args],
-        capture_output=True, text=True, env={**os.environ, **(env or {})},
-    )  # fmt: skip
-
-
-def test_capture_a_running_loop_from_another_process(tmp_path) -> None:
-    token = "t0ken-for-the-test"
-    proc, url, steps_file = start_job(tmp_path, token, "op", seconds=120)
-    try:
-        time.sleep(3)  # the loop runs unprofiled
-        # a wrong token is refused with 401 and starts nothing
-        bad = cli("capture", url, "--duration", "1s", "-o", str(tmp_path / "bad"),
-                  "--token", "nope")  # fmt: skip
-        assert bad.returncode == 2 and "HTTP 401" in bad.stderr
-        assert not (tmp_path / "bad").exists()
-        t_req = time.time()
-        out = cli("capture", url, "--duration", "2s", "-o", str(tmp_path / "cap"), "--json",
-                  env={"XPUPROF_TOKEN": token})  # fmt: skip
-        t_resp = time.time()
-        assert out.returncode == 0, out.stderr
-        doc = json.loads(out.stdout)
-        time.sleep(5)  # the loop runs on after the capture
-        stop_job(proc, steps_file)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = steps_log(steps_file)
+def test_capture_a_running_loop_from_another_process(job: Job, tmp_path: Path) -> None:
+    # a wrong token is refused with 401 and starts nothing
+    bad = cli("capture", job.url, "--duration", "1s", "-o", tmp_path / "bad", "--token", "nope")
+    assert bad.returncode == 2 and "HTTP 401" in bad.stderr
+    assert not (tmp_path / "bad").exists()
+    # the loop runs unprofiled for a whole rate window before the request
+    time.sleep(max(0.0, job.quiet_since + RATE_WINDOW_S - time.time()))
+    t_req = time.time()
+    out = cli("capture", job.url, "--duration", "1s", "-o", tmp_path / "cap", "--json",
+              env={"XPUPROF_TOKEN": job.token})  # fmt: skip
+    t_resp = time.time()
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    time.sleep(0.5 + RATE_WINDOW_S)  # the loop runs on after the capture
+    job.quiet_since = time.time()
+    log = steps_log(job.steps_file)
     with xpuprof.load(tmp_path / "cap") as trace:
         steps = trace.sql("select name, ts, dur from events where level = 'step' order by ts")
         base = trace.meta["sources"][0]["meta"].get("baseTimeNanoseconds") or 0
@@ -134,40 +167,49 @@ def test_capture_a_running_loop_from_another_process(tmp_path) -> None:
         assert abs(int(ts + dur) + base - done[n]) < 50_000_000  # within 50 ms
     # the loop's rate before, during and after the capture window
     cap0, cap1 = first_ns / 1e9, last_end_ns / 1e9
-    before = rate(log, t_req - 2.5, t_req)
+    before = rate(log, t_req - RATE_WINDOW_S, t_req)
     during = rate(log, cap0, cap1)
-    after = rate(log, t_resp + 0.5, min(t_resp + 4.5, log[-1][1] / 1e9))
+    after = rate(log, t_resp + 0.5, min(t_resp + 0.5 + RATE_WINDOW_S, log[-1][1] / 1e9))
     print(f"steps/s before {before:.1f}, during {during:.1f}, after {after:.1f}")
     assert before > 0 and during > 0 and after > 0
     assert after >= 0.6 * before  # the job is not left slowed after the window
 
 
-def test_second_concurrent_capture_is_refused(tmp_path) -> None:
-    token = "another-token"
-    proc, url, steps_file = start_job(tmp_path, token, "layer", seconds=120)
+def test_second_concurrent_capture_is_refused(job: Job, tmp_path: Path) -> None:
+    first = subprocess.Popen(
+        [sys.executable, "-m", "xpuprof.ui.cli", "capture", job.url, "--duration", "0.5s",
+         "--level", "layer", "-o", str(tmp_path / "one"), "--token", job.token],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
-        first = subprocess.Popen(
-            [sys.executable, "-m", "xpuprof.ui.cli", "capture", url, "--duration", "3s",
-             "-o", str(tmp_path / "one"), "--token", token],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        # wait until the server reports a running capture, then ask again
-        req = urllib.request.Request(url + "/status", headers={"Authorization": f"Bearer {token}"})
+        # wait until the server reports a running capture, then hold the loop between two
+        # steps: the capture cannot end before the second request is answered, however long
+        # the second client takes to start
+        req = urllib.request.Request(
+            job.url + "/status", headers={"Authorization": f"Bearer {job.token}"}
+        )
         deadline = time.time() + 20
         while not json.load(urllib.request.urlopen(req))["capturing"]:
+            assert first.poll() is None, first.communicate()
             assert time.time() < deadline
-            time.sleep(0.05)
-        second = cli("capture", url, "--duration", "1s", "-o", str(tmp_path / "two"),
-                     "--token", token)  # fmt: skip
+            time.sleep(0.02)
+        job.hold_file.write_text("")
+        second = cli("capture", job.url, "--duration", "1s", "-o", tmp_path / "two",
+                     "--token", job.token)  # fmt: skip
+        job.hold_file.unlink()
         assert second.returncode == 2 and "HTTP 409" in second.stderr
         assert "already running" in second.stderr
         assert not (tmp_path / "two").exists()
         assert first.wait(timeout=60) == 0, first.stderr.read()
-        assert (tmp_path / "one" / "manifest.json").is_file()
-        stop_job(proc, steps_file)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        job.hold_file.unlink(missing_ok=True)
+        if first.poll() is None:
+            first.kill()
+    job.quiet_since = time.time()
+    assert (tmp_path / "one" / "manifest.json").is_file()
+    with xpuprof.load(tmp_path / "one") as trace:  # the level asked for, not the server's
+        levels = set(trace.sql("select distinct level from events").level)
+    assert "layer" in levels and "op" not in levels
 
 
 def test_missing_token_gets_401(tmp_path) -> None:

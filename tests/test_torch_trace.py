@@ -9,10 +9,9 @@ installs it).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from conftest import cli_json
 
 import xpuprof
 
@@ -77,11 +76,7 @@ def test_op_counts_and_times_match_torch_key_averages(recorded) -> None:
 
 def test_every_entry_of_the_recorded_trace_is_in_the_store(recorded) -> None:
     raw = json.loads(recorded["path"].read_text())["traceEvents"]
-    out = subprocess.run(
-        [sys.executable, "-m", "xpuprof.ui.cli", "info", str(recorded["store"]), "--json"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    doc = json.loads(out.stdout)
+    doc = cli_json("info", recorded["store"])
     (src,) = doc["sources"]
     assert src["events_read"] == len(raw)
     phases: dict[str, int] = {}

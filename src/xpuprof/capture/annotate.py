@@ -1,36 +1,12 @@
 """Low-overhead user annotations and step markers (XProf's TraceMe idea).
 
 ``annotate(name, **fields)`` marks a span of host time, as a context manager or a decorator;
-``step(n)`` marks training steps. Annotations stay in production code, so what matters most is
-their cost while nobody is capturing, and second their cost during a capture:
-
-* **No capture active** (or the annotation's ``level`` is above the capture's verbosity): the
-  call is one integer comparison against a module global (``_threshold``: "no capture" and
-  "above verbosity" are the same test), then the cached no-op object of (level, name) is
-  returned (a list index and a dict lookup). No time is read, nothing is recorded, and for the
-  usual call (no fields) nothing is allocated beyond the keyword dict the interpreter makes for
-  any function with ``**fields``. The no-op is cached *per name* rather than being one shared
-  singleton (which measured ~50 ns faster) because ``@annotate("fwd")`` is usually evaluated at
-  import time, before any capture, and the object it returns must still know its name when it
-  decorates. ``benchmarks/bench_annotate.py --alternatives`` measures the designs considered.
-* **Capture active**: one small ``__slots__`` object per annotation, two clock reads, and one
-  tuple ``(start, end, name, fields, kind)`` appended to a plain list owned by the thread that
-  opened the span (``kind``: the annotation's level, or ``"step"`` for a step, whose ``name``
-  is then the step number). No lock on this path: each thread appends to its own list
-  (found through a ``threading.local``), and the per-capture record budget is enforced with
-  ``itertools.count`` tickets, whose ``next()`` is atomic under the GIL.
-
-Times are read with ``time.monotonic_ns`` (the same clock as ``perf_counter_ns`` on Linux and
-measured equally cheap here; monotonic is the property we rely on) and converted to Unix-epoch
-nanoseconds only at collection, with an offset measured when the capture starts. Unix-epoch
-nanoseconds are what PyTorch's Kineto traces hold once their ``baseTimeNanoseconds`` is added
-back, so ``Collected.to_raw(base_ns=...)`` gives rows that merge with torch's own events. Thread
-ids are ``threading.get_native_id()`` and the pid ``os.getpid()``: the ids Kineto writes for
-host threads, so our spans land on the same tracks as the aten ops they contain.
-
-Collectors use ``start()`` / ``stop()``; ``Collected.to_raw()`` hands the normaliser
-(``trace/build.py``) tables in ``raw.RAW_SCHEMA``. This module imports only the standard
-library at import time; pyarrow and msgspec are imported by ``to_raw``.
+``step(n)`` marks training steps; collectors use ``start()``/``stop()``, and ``stop()`` returns
+a ``records.Collected`` whose ``to_raw()`` hands the normaliser its raw tables. Annotations stay
+in production code, so the design is ruled by their cost: while nobody captures, a call is one
+integer comparison and a cached no-op object; during a capture, two clock reads and one tuple
+appended to a list of the calling thread (no lock). ``docs/annotate.md`` gives the details, the
+clocks and the designs measured. This module imports only the standard library.
 """
 
 from __future__ import annotations
@@ -38,18 +14,14 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
-import operator
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from xpuprof.capture.records import CAT_ANNOTATION, CAT_STEP, STEP_KIND, Collected, ThreadRecords
 from xpuprof.core.errors import XpuprofError
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 __all__ = [
     "CAT_ANNOTATION",
@@ -66,15 +38,9 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Raw category of annotation spans (the normaliser maps it to level ``annotation``).
-CAT_ANNOTATION = "xpuprof_annotation"
-#: Raw category of step spans, named ``step#N`` (the normaliser maps them to level ``step``).
-CAT_STEP = "xpuprof_step"
 #: Records kept per capture, all threads together; further records are dropped and counted.
 DEFAULT_MAX_RECORDS = 1_000_000
 
-#: ``kind`` of a step record (annotation records hold their integer level instead).
-_STEP = "step"
 #: ``_threshold`` while no capture runs: below every valid level (levels are >= 0).
 _OFF = -1
 #: No-op objects are cached for levels 0.._CACHED_LEVELS-1, up to _CACHE_NAMES names each.
@@ -365,7 +331,7 @@ def _close_step(st: _ThreadState, s: _Step, t1: int) -> None:
         return
     st.step = None
     if next(_tickets) < _limit:
-        st.rec.append((s.t0, t1, s.n, None, _STEP))
+        st.rec.append((s.t0, t1, s.n, None, STEP_KIND))
 
 
 def step(n: int | None) -> Any:
@@ -459,181 +425,6 @@ def stop() -> Collected:
         start_ns=cap.t_start + cap.offset,
         stop_ns=t_stop + cap.offset,
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# collected records → raw tables
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ThreadRecords:
-    """One thread's records: ``records[:count]`` are this capture's (the list is append-only,
-    and a span still open at ``stop()`` may append to it later; ``count`` excludes it)."""
-
-    pid: int
-    tid: int
-    name: str
-    records: list[tuple[Any, ...]]
-    count: int
-
-    def kept(self) -> list[tuple[Any, ...]]:
-        return self.records[: self.count]
-
-
-@dataclass
-class Collected:
-    """Records of one capture, with the clock facts needed to place them in Unix time.
-
-    ``offset_ns`` converts the monotonic clock to Unix-epoch ns (measured at start, to within
-    ``offset_err_ns``); ``offset_end_ns`` is the same measured at stop (their difference is the
-    wall clock's drift or step during the capture, worth keeping in the store's meta).
-    ``start_ns``/``stop_ns`` are the capture's bounds in Unix-epoch ns.
-    """
-
-    threads: list[ThreadRecords]
-    dropped: int
-    verbosity: int
-    max_records: int
-    offset_ns: int
-    offset_err_ns: int
-    offset_end_ns: int
-    start_ns: int
-    stop_ns: int
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def records(self) -> int:
-        """Records kept, all threads together."""
-        return sum(t.count for t in self.threads)
-
-    def to_raw(
-        self, base_ns: int = 0, *, index_start: int = 0, names: bool = True
-    ) -> dict[str, pa.Table]:
-        """Raw tables (``raw.KINDS`` → ``RAW_SCHEMA``) for ``trace.build.build_tables``.
-
-        ``ts`` is Unix-epoch ns minus ``base_ns`` (pass a Kineto trace's
-        ``baseTimeNanoseconds`` to put the rows on its time base). ``index`` numbers the event
-        rows from ``index_start``, then the metadata rows, so they can follow another source's
-        rows in one part. ``names`` adds ``process_name``/``thread_name`` metadata rows (leave
-        it off when the other source already names these threads).
-        """
-        import msgspec
-        import numpy as np
-        import pyarrow as pa
-
-        from xpuprof.core.raw import KINDS, RAW_SCHEMA
-
-        enc = msgspec.json.Encoder(enc_hook=str)
-        t0: list[int] = []
-        t1: list[int] = []
-        name_col: list[Any] = []
-        kinds: list[Any] = []
-        fields: list[Any] = []
-        pid_parts, tid_parts = [], []
-        for th in self.threads:
-            recs = th.kept()
-            if not recs:
-                continue
-            # column by column: itemgetter keeps this in C (zip(*recs) over a million records
-            # is 8x slower, most of it in garbage collection of its iterators)
-            t0 += map(_COL0, recs)
-            t1 += map(_COL1, recs)
-            name_col += map(_COL2, recs)
-            fields += map(_COL3, recs)
-            kinds += map(_COL4, recs)
-            pid_parts.append(np.full(len(recs), th.pid, np.int64))
-            tid_parts.append(np.full(len(recs), th.tid, np.int64))
-        n = len(t0)
-        start = np.array(t0, dtype=np.int64)
-        end = np.array(t1, dtype=np.int64)
-        pid = np.concatenate(pid_parts) if pid_parts else np.zeros(0, np.int64)
-        tid = np.concatenate(tid_parts) if tid_parts else np.zeros(0, np.int64)
-        # by thread, then start, longest first: outer spans before what they contain (records
-        # were appended as spans closed, inner first)
-        order = np.lexsort((start - end, start, tid, pid))
-        is_step = np.asarray(np.array(kinds, dtype=object) == _STEP, dtype=bool).reshape(n)
-        for i in np.flatnonzero(is_step).tolist():
-            name_col[i] = f"step#{name_col[i]}"
-        try:
-            name_arr = pa.array(name_col, pa.string())
-        except (pa.ArrowInvalid, pa.ArrowTypeError):  # a name that is not a str
-            name_arr = pa.array([v if type(v) is str else str(v) for v in name_col], pa.string())
-        name_arr = name_arr.take(order).dictionary_encode()
-        args = pa.array(
-            [None if f is None else enc.encode(f).decode() for f in fields], pa.large_string()
-        ).take(order)
-        start, end, pid, tid = start[order], end[order], pid[order], tid[order]
-        events = _raw_table(
-            RAW_SCHEMA,
-            n,
-            index=np.arange(index_start, index_start + n, dtype=np.int64),
-            ph=_const("X", n),
-            cat=pa.DictionaryArray.from_arrays(
-                pa.array(is_step[order].astype(np.int32)),
-                pa.array([CAT_ANNOTATION, CAT_STEP]),
-            ),
-            name=pa.DictionaryArray.from_arrays(
-                name_arr.indices.cast(pa.int32()), name_arr.dictionary
-            ),
-            pid=pid,
-            tid=tid,
-            ts=start + np.int64(self.offset_ns - base_ns),
-            dur=end - start,
-            args=args,
-        )
-
-        meta_rows: list[tuple[str, int, int, str]] = []
-        meta_ts = self.start_ns - base_ns
-        if names:
-            for p in dict.fromkeys(th.pid for th in self.threads):
-                meta_rows.append(("process_name", p, 0, enc.encode({"name": "python"}).decode()))
-            for th in self.threads:
-                meta_rows.append(
-                    ("thread_name", th.pid, th.tid, enc.encode({"name": th.name}).decode())
-                )
-        m = len(meta_rows)
-        metadata = _raw_table(
-            RAW_SCHEMA,
-            m,
-            index=np.arange(index_start + n, index_start + n + m, dtype=np.int64),
-            ph=_const("M", m),
-            name=pa.array([r[0] for r in meta_rows], pa.string()).dictionary_encode(),
-            pid=np.array([r[1] for r in meta_rows], dtype=np.int64),
-            tid=np.array([r[2] for r in meta_rows], dtype=np.int64),
-            ts=np.full(m, meta_ts, dtype=np.int64),
-            args=pa.array([r[3] for r in meta_rows], pa.large_string()),
-        )
-        out = {k: RAW_SCHEMA.empty_table() for k in KINDS}
-        out["events"] = events
-        out["metadata"] = metadata
-        return out
-
-
-_COL0, _COL1, _COL2, _COL3, _COL4 = (operator.itemgetter(i) for i in range(5))
-
-
-def _const(value: str, n: int) -> Any:
-    import numpy as np
-    import pyarrow as pa
-
-    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))
-
-
-def _raw_table(schema: Any, n: int, **cols: Any) -> pa.Table:
-    """A RAW_SCHEMA table of ``n`` rows from the given columns, every other column null."""
-    import pyarrow as pa
-
-    arrays = []
-    for f in schema:
-        v = cols.get(f.name)
-        if v is None:
-            arrays.append(pa.nulls(n, f.type))
-        elif isinstance(v, (pa.Array, pa.ChunkedArray)):
-            arrays.append(v.cast(f.type) if v.type != f.type else v)
-        else:
-            arrays.append(pa.array(v, f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _reset_for_tests() -> None:  # pragma: no cover - used by tests after a failure mid-capture

@@ -1,45 +1,11 @@
 """Write a store back out as Chrome-trace JSON (opens in Perfetto and chrome://tracing).
 
-Why it looks the way it does:
-
-* **The store is the source of truth.** Every entry of each source file's ``traceEvents`` is
-  rebuilt from the normalized tables alone, in its original position (``index``): ``events``
-  (X, i/I, B/E, …), ``flows`` (s/t/f), ``counters`` (C, one entry per distinct index; its
-  ``args`` column holds the original object) and ``metadata`` (M). A ``B`` row with a duration
-  was a B/E pair: the ``E`` comes back from the row's ``extra["end"]`` (its index, args and
-  extra). Re-importing the output therefore gives the same counts per table, phase, category
-  and level, the same nanosecond times and the same args.
-* **Exact and lossless.** ``ts``/``dur`` are int64 nanoseconds written as microsecond decimal
-  text by integer arithmetic (``1712195495519689047`` → ``1712195495519689.047``; whole
-  microseconds stay integers), never through a float. ``args`` and ``extra`` hold the source's
-  own JSON text and are spliced in verbatim, so integers beyond 2**63, key order and float
-  spelling survive. String pids/tids (stored as negative ids) get their strings back from the
-  manifest's ``string_ids``; flow ids that are all digits are written as numbers, as Kineto
-  writes them.
-* **Speed and bounded memory.** Nothing is done per event in Python: strings are JSON-escaped
-  once per distinct value (Arrow dictionaries), pids/tids once per distinct id, and each entry's
-  text is assembled with Arrow's vectorized string kernels. Entries are rendered a chunk of
-  ``CHUNK_ENTRIES`` at a time by a few threads and gzip runs in another (Arrow and zlib release
-  the GIL), so a store of millions of events streams out on every core, with memory bounded by
-  one part's columns plus a few chunks of text (1.6 M entries: about 0.5 GB peak).
-* **Several parts (ranks).** When ``path`` is an existing directory or ends with ``/``, one file
-  per part is written there (``rank{R}.pt.trace.json.gz``, or ``part{N}…`` when the rank is
-  unknown), each with its own source's top-level keys: the per-rank layout every Kineto tool
-  expects. Otherwise all parts go into one file, which a viewer shows as one timeline. Then each
-  part's pids become strings ``"rank R/pid P"`` (``"part N/pid P"`` without a rank,
-  ``"rank R part N/pid P"`` when ranks repeat) so that processes of different ranks never
-  merge; ``process_name`` metadata becomes ``"rank R: NAME"``; the numeric flow ids of the
-  k-th part (in rank order) grow by ``k * 10**d`` (``d``: digits of the largest id in the store)
-  so that no arrow joins two ranks (they stay numbers: Perfetto reads a string flow id as hex).
-  Top-level keys equal in every source (``schemaVersion``, ``deviceProperties`` of a homogeneous
-  job, …) are kept; the per-source ones (``distributedInfo``, …) go to ``xpuprofSources`` (one
-  object per part with its path, part, rank and top-level keys), so a merged file is never
-  mistaken for one rank's trace. Parts follow each other in rank order, each in source order.
-* **Atomic.** Each file is written under a temporary name and renamed at the end; on error
-  nothing is left behind (neither temporary files nor a directory this call created).
-
-``formats/`` sits left of ``trace/`` in the pipeline, so this module only uses what a ``Trace``
-exposes (``sources`` and ``table()``) and imports nothing from ``xpuprof.trace`` at run time.
+Every entry of each source file's ``traceEvents`` is rebuilt from the normalized tables alone,
+in its original position, exactly (integer nanoseconds as microsecond decimals, the source's own
+``args`` text), one file per part (rank) into a directory or all parts merged into one file
+with distinct pids and flow ids. Rendering is vectorized (``export/jsontext.py``), chunked and
+threaded, and each file is written under a temporary name and renamed when complete.
+``docs/export.md`` gives the rules.
 """
 
 from __future__ import annotations
@@ -53,6 +19,7 @@ import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from itertools import islice
 from pathlib import Path
@@ -64,6 +31,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xpuprof.core.errors import XpuprofError
+from xpuprof.export.jsontext import (
+    NATURAL_ID,
+    Block,
+    const_text,
+    flow_id_text,
+    id_text,
+    json_strings,
+)
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -79,193 +54,17 @@ RENDER_THREADS = min(4, os.cpu_count() or 1)
 #: level 1 saved no time (rendering does) and wrote 10 % more.
 GZIP_LEVEL = 3
 
-_L = pa.large_string()
-_NUMBER = r"^-?(?:0|[1-9][0-9]*)$"
-_NATURAL = r"^(?:0|[1-9][0-9]*)$"
 _enc = msgspec.json.Encoder()
-
-#: Output key order of an entry; each key is written only when its value is not null.
-_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "bp", "s", "args")
-_PREFIX = {k: pa.scalar(f'"{k}":', _L) for k in _KEYS}
-_EMPTY = pa.scalar("", _L)
-_COMMA = pa.scalar(",", _L)
-_OPEN = pa.scalar(",\n{", _L)
-_CLOSE = pa.scalar("}", _L)
-
-
-# ----------------------------------------------------------------------------------------------
-# column preparation (once per part)
-# ----------------------------------------------------------------------------------------------
-
-
-def _escape_values(values: list[Any]) -> pa.Array:
-    """JSON text of each (distinct) string value."""
-    return pa.array([None if v is None else _enc.encode(v).decode() for v in values], _L)
-
-
-def _json_strings(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
-    """A string (or dictionary) column as a dictionary column of JSON string literals, escaped
-    once per distinct value."""
-    if isinstance(col, pa.Array):
-        col = pa.chunked_array([col])
-    out = []
-    for chunk in col.chunks:
-        if not pa.types.is_dictionary(chunk.type):
-            chunk = pc.dictionary_encode(chunk)
-        esc = _escape_values(chunk.dictionary.to_pylist())
-        out.append(pa.DictionaryArray.from_arrays(chunk.indices, esc))
-    return pa.chunked_array(out, pa.dictionary(pa.int32(), _L)) if out else _null_text(0)
-
-
-def _null_text(n: int) -> pa.ChunkedArray:
-    return pa.chunked_array([pa.nulls(n, _L)])
-
-
-def _const_text(text: str, n: int) -> pa.ChunkedArray:
-    arr = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([text], _L))
-    return pa.chunked_array([arr])
-
-
-def _id_text(col: pa.ChunkedArray, names: dict[str, str], who: str | None) -> pa.ChunkedArray:
-    """pid/tid ids as JSON text: numbers as numbers, negative ids as their original strings
-    (``names``), and, when ``who`` is given (pids of a merged export), the string
-    ``"{who}/pid {P}"``."""
-    out = []
-    for chunk in col.chunks:
-        enc = pc.dictionary_encode(chunk)
-        texts = []
-        for v in enc.dictionary.to_pylist():
-            if v is None:
-                texts.append(None)
-                continue
-            original: Any = names.get(str(v), v) if v < 0 else v
-            value = original if who is None else f"{who}/pid {original}"
-            texts.append(_enc.encode(value).decode())
-        out.append(pa.DictionaryArray.from_arrays(enc.indices, pa.array(texts, _L)))
-    return pa.chunked_array(out, pa.dictionary(pa.int32(), _L))
-
-
-def _flow_id_text(col: pa.ChunkedArray, who: str | None, offset: int) -> pa.ChunkedArray:
-    """Flow ids as JSON text: all digits → a JSON number (Kineto's ids are integers, and
-    Perfetto reads a string id as hex), anything else a JSON string.
-
-    In a merged export (``who`` given) ids must not meet ids of another rank: numbers get
-    ``offset`` added, other ids become ``"{who}/{id}"``.
-    """
-    out = []
-    for chunk in col.chunks:
-        chunk = chunk.cast(_L)
-        is_num = pc.fill_null(pc.match_substring_regex(chunk, _NUMBER), True)
-        if who is not None:
-            missing = pc.is_null(chunk)  # no id: nothing to write
-            natural = pc.fill_null(pc.match_substring_regex(chunk, _NATURAL), False)
-            shifted = _shift_ids(chunk, natural, offset)
-            if shifted is None:  # beyond int64 once shifted: keep them apart as strings
-                is_num = missing
-            else:
-                chunk, is_num = shifted, pc.or_(natural, missing)
-        if pc.all(is_num).as_py():
-            out.append(chunk)
-            continue
-        other = pc.invert(is_num)
-        values = chunk.filter(other).to_pylist()
-        if who is not None:
-            values = [f"{who}/{v}" for v in values]
-        out.append(pc.replace_with_mask(chunk, other, _escape_values(values)))
-    return pa.chunked_array(out, _L)
-
-
-def _shift_ids(chunk: pa.Array, num: pa.Array, offset: int) -> pa.Array | None:
-    """``chunk`` with ``offset`` added to its decimal ids (where ``num``), or None when a
-    result would not fit in int64."""
-    if offset == 0:
-        return chunk
-    nums = chunk.filter(num)
-    try:
-        vals = np.asarray(nums.cast(pa.int64()).to_numpy(zero_copy_only=False), np.int64)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
-    if len(vals) and int(vals.max()) > np.iinfo(np.int64).max - offset:
-        return None
-    return pc.replace_with_mask(chunk, num, pa.array(vals + offset).cast(_L))
+_L = pa.large_string()
 
 
 def _id_digits(trace: Trace) -> int:
     """Decimal digits of the largest non-negative numeric flow id in the store."""
     ids = trace.table("flows", columns=["flow_id"])["flow_id"]
-    num = ids.filter(pc.fill_null(pc.match_substring_regex(ids, _NATURAL), False))
+    num = ids.filter(pc.fill_null(pc.match_substring_regex(ids, NATURAL_ID), False))
     if not len(num):
         return 1
     return int(pc.max(pc.utf8_length(num)).as_py())
-
-
-class _Block:
-    """One table of one part, ready to render: ``index`` plus JSON-text columns by output key."""
-
-    def __init__(self, index: np.ndarray, cols: dict[str, Any], extra: Any = None) -> None:
-        order = np.argsort(index, kind="stable")
-        if np.any(order != np.arange(len(index))):
-            take = pa.array(order)
-            index = index[order]
-            cols = {k: v.take(take) for k, v in cols.items()}
-            extra = extra.take(take) if extra is not None else None
-        self.index = index
-        self.cols = cols
-        self.extra = extra
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def render(self, lo: int, hi: int) -> tuple[np.ndarray, pa.Array] | None:
-        """The rows with ``lo <= index < hi``: their indices and entry texts."""
-        a, b = np.searchsorted(self.index, [lo, hi], side="left")
-        if a >= b:
-            return None
-        n = int(b - a)
-        frags = []
-        for key in _KEYS:
-            col = self.cols.get(key)
-            if col is None:
-                continue
-            part = col.slice(a, n)
-            if key in ("ts", "dur"):
-                text = _us_text(part)
-            else:
-                text = _flat(part.cast(_L) if pa.types.is_dictionary(part.type) else part)
-            frags.append(pc.binary_join_element_wise(_PREFIX[key], text, _EMPTY))
-        if self.extra is not None:
-            ex = _flat(self.extra.slice(a, n))
-            if ex.null_count < n:
-                inner = pc.utf8_slice_codeunits(pc.utf8_trim_whitespace(ex), 1, -1)
-                frags.append(pc.if_else(pc.equal(inner, ""), pa.scalar(None, _L), inner))
-        body = pc.binary_join_element_wise(*frags, _COMMA, null_handling="skip")
-        entry = pc.binary_join_element_wise(_OPEN, body, _CLOSE, _EMPTY)
-        return self.index[a:b], entry
-
-
-def _flat(col: pa.ChunkedArray | pa.Array) -> pa.Array:
-    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-
-
-def _us_text(ns: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """int64 nanoseconds → microsecond decimal text, exactly (integer arithmetic only)."""
-    ns = _flat(ns)
-    valid = np.asarray(ns.is_valid())
-    v = np.asarray(pc.fill_null(ns, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
-    neg = v < 0
-    a = np.abs(v)
-    q, r = np.divmod(a, 1000)
-    mask = ~valid
-    qs = pa.array(q, mask=mask).cast(_L)
-    frac = pc.utf8_rtrim(pc.utf8_lpad(pa.array(r).cast(_L), 3, "0"), "0")
-    text = pc.if_else(
-        pa.array(r == 0), qs, pc.binary_join_element_wise(qs, frac, pa.scalar(".", _L))
-    )
-    if neg.any():
-        text = pc.if_else(
-            pa.array(neg), pc.binary_join_element_wise(pa.scalar("-", _L), text, _EMPTY), text
-        )
-    return text
 
 
 # ----------------------------------------------------------------------------------------------
@@ -277,142 +76,143 @@ def _np_int(col: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(pc.fill_null(col, 0).to_numpy(), dtype=np.int64)
 
 
+@dataclass
+class _Part:
+    """One part (source file) being exported: its row filter, the original strings of its
+    string pids/tids, and in a merged export (``who`` given) the label that keeps its pids and
+    flow ids apart from the other parts', numeric flow ids shifted by ``id_offset``."""
+
+    part: int
+    pid_names: dict[str, str]
+    tid_names: dict[str, str]
+    who: str | None
+    id_offset: int
+
+    @classmethod
+    def of(cls, source: dict[str, Any], who: str | None, id_offset: int) -> _Part:
+        sids = (source.get("meta") or {}).get("string_ids") or {}
+        return cls(source["part"], sids.get("pid") or {}, sids.get("tid") or {}, who, id_offset)
+
+    def read(self, trace: Trace, table: str, columns: list[str]) -> pa.Table:
+        return trace.table(table, columns=columns, filters=[("part", "=", self.part)])
+
+    def ids(self, t: pa.Table) -> dict[str, Any]:
+        """The ``pid`` and ``tid`` text columns of table ``t``."""
+        return {
+            "pid": id_text(t["pid"], self.pid_names, self.who),
+            "tid": id_text(t["tid"], self.tid_names, None),
+        }
+
+
 def _blocks(
     trace: Trace, source: dict[str, Any], who: str | None = None, id_offset: int = 0
-) -> list[_Block]:
+) -> list[Block]:
     """Read one part's tables and prepare one block per table (plus one for the ``E`` ends of
     B/E pairs). ``who`` (a merged export): the label that makes this part's pids and flow ids
     distinct from the other parts', with numeric flow ids shifted by ``id_offset``."""
-    part = source["part"]
-    meta = source.get("meta") or {}
-    sids = meta.get("string_ids") or {}
-    pid_names, tid_names = sids.get("pid") or {}, sids.get("tid") or {}
-    flt = [("part", "=", part)]
+    part = _Part.of(source, who, id_offset)
+    blocks = _event_blocks(trace, part)
+    for make in (_flow_block, _counter_block, _metadata_block):
+        block = make(trace, part)
+        if block is not None:
+            blocks.append(block)
+    return blocks
 
-    def ids(t: pa.Table) -> dict[str, Any]:
-        return {
-            "pid": _id_text(t["pid"], pid_names, who),
-            "tid": _id_text(t["tid"], tid_names, None),
-        }
 
-    blocks: list[_Block] = []
-
-    # events (X, i/I, B/E, …)
-    ev = trace.table(
+def _event_blocks(trace: Trace, part: _Part) -> list[Block]:
+    """Events (X, i/I, B/E, …): one block, and one more for the ``E`` of B/E pairs."""
+    ev = part.read(
+        trace,
         "events",
-        columns=["index", "phase", "scope", "pid", "tid", "category", "name", "ts", "dur",
-                 "args", "extra"],
-        filters=flt,
+        ["index", "phase", "scope", "pid", "tid", "category", "name", "ts", "dur", "args",
+         "extra"],
     )  # fmt: skip
     ends = None
     dur, extra = ev["dur"], ev["extra"]
     paired = pc.and_(pc.equal(ev["phase"].cast(pa.string()), "B"), pc.is_valid(dur))
     if ev.num_rows and pc.any(paired).as_py():
         rows = np.flatnonzero(np.asarray(paired.to_numpy(zero_copy_only=False), dtype=bool))
-        dur, extra, ends = _split_pairs(ev, rows, pid_names, tid_names, who)
-    blocks.append(
-        _Block(
-            _np_int(ev["index"]),
-            {
-                "ph": _json_strings(ev["phase"]),
-                "cat": _json_strings(ev["category"]),
-                "name": _json_strings(ev["name"]),
-                **ids(ev),
-                "ts": ev["ts"],
-                "dur": dur,
-                "s": _json_strings(ev["scope"]),
-                "args": ev["args"],
-            },
-            extra,
-        )
-    )
+        dur, extra, ends = _split_pairs(ev, rows, part)
+    cols = {
+        "ph": json_strings(ev["phase"]),
+        "cat": json_strings(ev["category"]),
+        "name": json_strings(ev["name"]),
+        **part.ids(ev),
+        "ts": ev["ts"],
+        "dur": dur,
+        "s": json_strings(ev["scope"]),
+        "args": ev["args"],
+    }
+    blocks = [Block(_np_int(ev["index"]), cols, extra)]
     if ends is not None:
         blocks.append(ends)
-    del ev
-
-    # flows (s/t/f)
-    fl = trace.table(
-        "flows",
-        columns=["index", "phase", "category", "name", "flow_id", "pid", "tid", "ts", "bp",
-                 "args", "extra"],
-        filters=flt,
-    )  # fmt: skip
-    if fl.num_rows:
-        blocks.append(
-            _Block(
-                _np_int(fl["index"]),
-                {
-                    "ph": _json_strings(fl["phase"]),
-                    "cat": _json_strings(fl["category"]),
-                    "name": _json_strings(fl["name"]),
-                    **ids(fl),
-                    "ts": fl["ts"],
-                    "id": _flow_id_text(fl["flow_id"], who, id_offset),
-                    "bp": _json_strings(fl["bp"]),
-                    "args": fl["args"],
-                },
-                fl["extra"],
-            )
-        )
-
-    # counters (C): one entry per distinct index, the whole args object on every series row
-    co = trace.table(
-        "counters",
-        columns=["index", "pid", "tid", "category", "name", "ts", "args", "extra"],
-        filters=flt,
-    )
-    if co.num_rows:
-        _, first = np.unique(_np_int(co["index"]), return_index=True)
-        co = co.take(pa.array(first))
-        blocks.append(
-            _Block(
-                _np_int(co["index"]),
-                {
-                    "ph": _const_text('"C"', co.num_rows),
-                    "cat": _json_strings(co["category"]),
-                    "name": _json_strings(co["name"]),
-                    **ids(co),
-                    "ts": co["ts"],
-                    "args": co["args"],
-                },
-                co["extra"],
-            )
-        )
-
-    # metadata (M)
-    md = trace.table(
-        "metadata",
-        columns=["index", "category", "name", "pid", "tid", "ts", "args", "extra"],
-        filters=flt,
-    )
-    if md.num_rows:
-        args = md["args"]
-        if who is not None:
-            args = _rename_processes(md, who)
-        blocks.append(
-            _Block(
-                _np_int(md["index"]),
-                {
-                    "ph": _const_text('"M"', md.num_rows),
-                    "cat": _json_strings(md["category"]),
-                    "name": _json_strings(md["name"]),
-                    **ids(md),
-                    "ts": md["ts"],
-                    "args": args,
-                },
-                md["extra"],
-            )
-        )
     return blocks
 
 
+def _flow_block(trace: Trace, part: _Part) -> Block | None:
+    """Flows (s/t/f)."""
+    fl = part.read(
+        trace,
+        "flows",
+        ["index", "phase", "category", "name", "flow_id", "pid", "tid", "ts", "bp", "args",
+         "extra"],
+    )  # fmt: skip
+    if not fl.num_rows:
+        return None
+    cols = {
+        "ph": json_strings(fl["phase"]),
+        "cat": json_strings(fl["category"]),
+        "name": json_strings(fl["name"]),
+        **part.ids(fl),
+        "ts": fl["ts"],
+        "id": flow_id_text(fl["flow_id"], part.who, part.id_offset),
+        "bp": json_strings(fl["bp"]),
+        "args": fl["args"],
+    }
+    return Block(_np_int(fl["index"]), cols, fl["extra"])
+
+
+def _counter_block(trace: Trace, part: _Part) -> Block | None:
+    """Counters (C): one entry per distinct index, the whole args object on every series row."""
+    co = part.read(
+        trace, "counters", ["index", "pid", "tid", "category", "name", "ts", "args", "extra"]
+    )
+    if not co.num_rows:
+        return None
+    _, first = np.unique(_np_int(co["index"]), return_index=True)
+    co = co.take(pa.array(first))
+    cols = {
+        "ph": const_text('"C"', co.num_rows),
+        "cat": json_strings(co["category"]),
+        "name": json_strings(co["name"]),
+        **part.ids(co),
+        "ts": co["ts"],
+        "args": co["args"],
+    }
+    return Block(_np_int(co["index"]), cols, co["extra"])
+
+
+def _metadata_block(trace: Trace, part: _Part) -> Block | None:
+    """Metadata (M); in a merged export process names say which part they belong to."""
+    md = part.read(
+        trace, "metadata", ["index", "category", "name", "pid", "tid", "ts", "args", "extra"]
+    )
+    if not md.num_rows:
+        return None
+    cols = {
+        "ph": const_text('"M"', md.num_rows),
+        "cat": json_strings(md["category"]),
+        "name": json_strings(md["name"]),
+        **part.ids(md),
+        "ts": md["ts"],
+        "args": md["args"] if part.who is None else _rename_processes(md, part.who),
+    }
+    return Block(_np_int(md["index"]), cols, md["extra"])
+
+
 def _split_pairs(
-    ev: pa.Table,
-    rows: np.ndarray,
-    pid_names: dict[str, str],
-    tid_names: dict[str, str],
-    who: str | None,
-) -> tuple[pa.ChunkedArray, pa.ChunkedArray, _Block | None]:
+    ev: pa.Table, rows: np.ndarray, part: _Part
+) -> tuple[pa.ChunkedArray, pa.ChunkedArray, Block | None]:
     """Undo the B/E pairing of the importer for the given ``B`` rows.
 
     Returns the events' ``dur`` (null on the ``B`` of a pair: a ``B`` carries no duration),
@@ -463,14 +263,13 @@ def _split_pairs(
             "tid": pa.array(e_rows["tid"], pa.int64()),
         }
     )
-    ends = _Block(
+    ends = Block(
         np.asarray(e_rows["index"], dtype=np.int64),
         {
-            "ph": _const_text('"E"', n),
-            "cat": _json_strings(pa.array(e_rows["cat"], pa.string())),
-            "name": _json_strings(pa.array(e_rows["name"], pa.string())),
-            "pid": _id_text(e_tab["pid"], pid_names, who),
-            "tid": _id_text(e_tab["tid"], tid_names, None),
+            "ph": const_text('"E"', n),
+            "cat": json_strings(pa.array(e_rows["cat"], pa.string())),
+            "name": json_strings(pa.array(e_rows["name"], pa.string())),
+            **part.ids(e_tab),
             "ts": pa.array(e_rows["ts"], pa.int64()),
             "args": pa.array(e_rows["args"], _L),
         },
@@ -498,7 +297,7 @@ def _rename_processes(md: pa.Table, who: str) -> pa.Array:
 # ----------------------------------------------------------------------------------------------
 
 
-def _render_range(blocks: list[_Block], lo: int, hi: int) -> pa.Array | None:
+def _render_range(blocks: list[Block], lo: int, hi: int) -> pa.Array | None:
     """Entry texts of the entries with ``lo <= index < hi``, in index order."""
     idx_parts, text_parts = [], []
     for b in blocks:
@@ -514,7 +313,7 @@ def _render_range(blocks: list[_Block], lo: int, hi: int) -> pa.Array | None:
     return pa.concat_arrays(text_parts).take(pa.array(order))
 
 
-def _chunks(blocks: list[_Block]) -> Iterator[pa.Array]:
+def _chunks(blocks: list[Block]) -> Iterator[pa.Array]:
     """Entry texts of all blocks in source order, ``CHUNK_ENTRIES`` at a time.
 
     Chunks are rendered ahead in a small thread pool: Arrow's kernels release the GIL, so
@@ -606,7 +405,7 @@ def _top_keys(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_file(
-    path: Path, parts: Iterable[Callable[[], list[_Block]]], top: dict[str, Any], gz: bool
+    path: Path, parts: Iterable[Callable[[], list[Block]]], top: dict[str, Any], gz: bool
 ) -> tuple[int, int]:
     """Write one trace file at ``path`` (the caller's temporary name); ``parts`` yields the
     blocks of one part at a time, so only one part's columns are in memory. Returns (entries

@@ -39,8 +39,15 @@ CAPTURE_LEVELS = ("step", "layer", "op", "full")
 
 #: The capture that ``xpuprof.step`` drives, if any.
 _ACTIVE: Profile | None = None
-#: A pending on-demand capture request (capture/remote.py), served at the next step.
+#: A pending on-demand capture request (``live/remote.py``), served at the next step.
 _REMOTE: Any = None
+
+
+def set_pending_request(request: Any) -> None:
+    """Install the on-demand capture request that the next ``xpuprof.step()`` serves (its
+    ``on_step()`` is called there, on the job's thread), or clear it with None."""
+    global _REMOTE
+    _REMOTE = request
 
 
 def step(n: int | None = None) -> Any:
@@ -209,6 +216,15 @@ class Profile:
             halted.cleanup()
         self.out = Path(self.report.store)
         self._done = True
+
+    def halt(self) -> Halted:
+        """Stop every recorder now without writing anything, and detach this capture from
+        ``xpuprof.step``: a remote capture does this on the job's thread and leaves
+        :func:`finish` to another process."""
+        global _ACTIVE
+        if _ACTIVE is self:
+            _ACTIVE = None
+        return self._halt()
 
     def _halt(self) -> Halted:
         """Stop every recorder, quickly: what remains (reading the framework's trace,

@@ -3,7 +3,8 @@
 
 How it keeps its promise never to stop or slow the job outside the capture window:
 
-* the server is a thread blocked in ``accept``: it costs the job nothing until a request comes;
+* the server is a thread waiting on its socket (waking twice a second to see whether it should
+  stop): it costs the job nothing measurable until a request comes;
 * a capture starts and stops on the job's own thread, at the next ``xpuprof.step()`` (one flag
   check per step when no request is pending): hooks and the framework profiler are only ever
   touched from the thread that runs the model, and the window is whole steps;
@@ -17,6 +18,7 @@ happens. A second capture while one runs gets HTTP 409.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hmac
 import io
@@ -24,6 +26,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -64,21 +67,20 @@ class _Request:
         try:
             if self.profile is None:
                 if self.cancelled:
-                    prof_mod._REMOTE = None
+                    prof_mod.set_pending_request(None)
                     return
                 p = prof_mod.Profile(None, level=self.level, model=self.model)
                 p.__enter__()
                 self.profile = p
                 self.started.set()
             elif self.stop_requested:
-                prof_mod._ACTIVE = None
-                prof_mod._REMOTE = None
-                self.result = self.profile._halt()
+                prof_mod.set_pending_request(None)
+                self.result = self.profile.halt()
                 self.halted.set()
         except BaseException as e:  # reported to the client; the job goes on
+            # (a capture that failed to start or to stop has already let go of xpuprof.step)
             self.error = e
-            prof_mod._REMOTE = None
-            prof_mod._ACTIVE = None
+            prof_mod.set_pending_request(None)
             self.started.set()
             self.halted.set()
 
@@ -119,7 +121,15 @@ class CaptureServer:
         needs the job to keep calling ``xpuprof.step()`` until its window ends)."""
         if self.busy.acquire(timeout=wait):
             self.busy.release()
-        self.httpd.shutdown()
+        # serve_forever sees a shutdown request only when its select() returns, at the next
+        # poll (half a second): wake it with a connection (read as an empty request) instead
+        stopper = threading.Thread(target=self.httpd.shutdown, daemon=True)
+        stopper.start()
+        wake = ("127.0.0.1" if self.host in ("", "0.0.0.0") else self.host, self.port)
+        while stopper.is_alive():
+            with contextlib.suppress(OSError):
+                socket.create_connection(wake, timeout=0.5).close()
+            stopper.join(0.05)
         self.httpd.server_close()
 
     def __enter__(self) -> CaptureServer:
@@ -135,10 +145,10 @@ class CaptureServer:
         from xpuprof.live import profile as prof_mod
 
         req = _Request(level, self.model)
-        prof_mod._REMOTE = req
+        prof_mod.set_pending_request(req)
         if not req.started.wait(START_TIMEOUT_S):
             req.cancelled = True
-            prof_mod._REMOTE = None
+            prof_mod.set_pending_request(None)
             if not req.started.is_set():
                 raise _HTTPError(
                     504,

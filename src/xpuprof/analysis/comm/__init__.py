@@ -1,0 +1,244 @@
+"""Communication: one row per collective kernel with its bus bandwidth and its overlap with
+compute, and — for several ranks — how far apart the ranks arrive at the same collective.
+
+The tool is :func:`collectives`; its parts are ``kinds`` (what a collective is, from names and
+args), ``identify`` (each kernel's type, size and group, from the first source that says),
+``overlap`` (comm under compute, HTA's comm/compute overlap) and ``skew`` (collectives matched
+across ranks, clock alignment, stragglers). ``docs/comm.md`` defines every number.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from xpuprof.analysis.comm.identify import KERNEL_ARGS_SQL, Identity, identify
+from xpuprof.analysis.comm.kinds import (
+    ALGORITHMS,
+    BUSBW_FACTOR,
+    COMM_DTYPE_SIZE,
+    PROTOCOLS,
+    WHOLE_GROUP,
+    XLA_SIZE,
+    busbw_factor,
+    kernel_parts,
+    normalize_collective,
+)
+from xpuprof.analysis.comm.overlap import OVERLAP_COLUMNS, overlap
+from xpuprof.analysis.comm.skew import ALIGN, skew
+from xpuprof.analysis.common import Result, where_clause
+from xpuprof.core.errors import XpuprofError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from xpuprof.analysis.common import StepSelection
+    from xpuprof.trace.trace import Trace
+
+__all__ = [
+    "ALGORITHMS",
+    "BUSBW_FACTOR",
+    "COLUMNS",
+    "COMM_DTYPE_SIZE",
+    "PROTOCOLS",
+    "SUMMARY_COLUMNS",
+    "WHOLE_GROUP",
+    "XLA_SIZE",
+    "collectives",
+    "kernel_parts",
+    "normalize_collective",
+]
+
+COLUMNS = ["rank", "part", "participant", "device", "stream", "id", "ts", "dur", "collective",
+           "type_source", "algorithm", "protocol", "dtype", "bytes", "bytes_source",
+           "group_size", "group_ranks", "process_group", "seq", "algbw", "busbw_factor", "busbw",
+           "overlap_ns", "overlap_pct", "name"]  # fmt: skip
+SUMMARY_COLUMNS = ["participant", "rank", "collective", "count", "bytes", "time_ns", "algbw",
+                   "busbw", "overlap_pct", "algorithms", "protocols"]  # fmt: skip
+
+
+def collectives(
+    trace: Trace,
+    *,
+    ranks: Iterable[int] | None = None,
+    steps: StepSelection = None,
+    align: str = "auto",
+) -> Result:
+    """Collectives with their bandwidth and overlap, per-participant summaries, and cross-rank
+    skew (``docs/comm.md``).
+
+    Tables: ``collectives`` (one row per collective kernel), ``summary`` (per participant and
+    type), ``overlap`` (per participant: HTA's comm/compute overlap), and for several
+    participants ``clock`` (the offsets applied), ``skew`` (one row per matched collective) and
+    ``stragglers`` (per participant). ``align``: ``"auto"``, ``"none"`` or ``"end"``. ``steps``
+    keeps the collectives and compute kernels of those profiler steps (a device event's step is
+    its launch's); ``steps="drop-last"`` is HTA's window.
+    """
+    if align not in ALIGN:
+        raise XpuprofError(f"align={align!r}: expected 'auto', 'none' or 'end'")
+    where = where_clause(ranks=ranks, steps=steps)
+    df = trace.sql(
+        f"""
+        select id, part, rank, device, stream, name, category, ts, dur, bytes, correlation,
+            {KERNEL_ARGS_SQL}
+        from events where {where} and level = 'collective' and dur is not null
+        order by part, device, ts
+        """
+    )
+    if df.empty:
+        return _empty()
+    ident = identify(trace, df)
+    participant, shared_rank = _participants(df)
+    out = _table(df, ident, participant)
+    per_kernel, overlap_table = overlap(trace, out, where)
+    out["overlap_ns"] = per_kernel
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["overlap_pct"] = np.where(out["dur"] > 0, 100 * per_kernel / out["dur"], np.nan)
+    tables = {
+        "collectives": out[COLUMNS],
+        "summary": _summary(out),
+        "overlap": overlap_table,
+    }
+    notes = _notes(ident, shared_rank)
+    if not shared_rank:
+        skew_tables, skew_notes = skew(trace, out, align)
+        tables.update(skew_tables)
+        notes += skew_notes
+    return Result(tables=tables, notes=notes)
+
+
+def _participants(df: pd.DataFrame) -> tuple[np.ndarray, bool]:
+    """Who takes part in each collective: its rank, or ``part N`` without one, with `` dev D``
+    when one source holds several devices' collectives. A rank recorded by several sources (a
+    store holding two jobs, or two captures of one rank) is not one participant: it is labelled
+    with its source then, and the second value is True (no cross-rank skew is computed)."""
+    rank = df["rank"]
+    shared_rank = bool((df.dropna(subset=["rank"]).groupby("rank")["part"].nunique() > 1).any())
+    multi_dev = df.groupby("part")["device"].nunique().max() > 1
+    rank_str = rank.astype("string").fillna("").to_numpy(object)
+    part_str = df["part"].astype(str).to_numpy(object)
+    label = np.where(
+        rank.isna().to_numpy(),
+        "part " + part_str,
+        (rank_str + " (part " + part_str + ")") if shared_rank else rank_str,
+    )
+    if multi_dev:
+        label = label + " dev " + df["device"].to_numpy().astype(str).astype(object)
+    return label.astype(object), shared_rank
+
+
+def _table(df: pd.DataFrame, ident: Identity, participant: np.ndarray) -> pd.DataFrame:
+    """The collectives table (overlap columns added by the caller): identity, algbw =
+    bytes / duration, busbw = algbw × nccl-tests' factor, and ``seq``, the collective's
+    position in its participant's process group (what matches it across ranks)."""
+    dur = df["dur"].to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(dur > 0, ident.nbytes / (dur * 1e-9), np.nan)
+    factor = np.array([busbw_factor(k, g) for k, g in zip(ident.kind, ident.group, strict=True)])
+    group = ident.group
+    out = pd.DataFrame(
+        {
+            "rank": df["rank"].astype("Int64"),
+            "part": df["part"].to_numpy(),
+            "participant": participant,
+            "device": df["device"].to_numpy(),
+            "stream": df["stream"],
+            "id": df["id"],
+            "ts": df["ts"],
+            "dur": df["dur"],
+            "collective": ident.kind,
+            "type_source": ident.kind_source,
+            "algorithm": ident.algorithm,
+            "protocol": ident.protocol,
+            "dtype": ident.dtype,
+            "bytes": ident.nbytes,
+            "bytes_source": ident.bytes_source,
+            "group_size": pd.array(np.where(np.isnan(group), None, group), dtype="Int64"),
+            "group_ranks": ident.group_ranks,
+            "process_group": ident.process_group,
+            "algbw": algbw,
+            "busbw_factor": factor,
+            "busbw": algbw * factor,
+            "name": df["name"].to_numpy(object),
+        }
+    )
+    out["seq"] = out.groupby(["participant", "process_group"]).cumcount()
+    return out
+
+
+def _summary(out: pd.DataFrame) -> pd.DataFrame:
+    """Per participant and collective type: count, bytes, time, bandwidth over the collectives
+    of known size, overlap, and the algorithms and protocols seen."""
+    known = out["bytes"].notna()
+    g = (
+        out.assign(
+            b=out["bytes"],
+            bb=out["bytes"] * out["busbw_factor"],
+            tb=out["dur"].where(known),  # time of the collectives whose size is known
+        )
+        .groupby(["participant", "collective"], dropna=False)
+        .agg(
+            rank=("rank", "first"),
+            count=("id", "size"),
+            bytes=("b", lambda x: x.sum(min_count=1)),
+            time_ns=("dur", "sum"),
+            sized_time_ns=("tb", "sum"),
+            bus_bytes=("bb", lambda x: x.sum(min_count=1)),
+            overlap_ns=("overlap_ns", "sum"),
+            algorithms=("algorithm", lambda s: ",".join(sorted({str(x) for x in s if x}))),
+            protocols=("protocol", lambda s: ",".join(sorted({str(x) for x in s if x}))),
+        )
+        .reset_index()
+    )
+    t = g["sized_time_ns"] * 1e-9
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g["algbw"] = np.where(t > 0, g["bytes"] / t, np.nan)
+        g["busbw"] = np.where(t > 0, g["bus_bytes"] / t, np.nan)
+        g["overlap_pct"] = np.where(g["time_ns"] > 0, 100 * g["overlap_ns"] / g["time_ns"],
+                                    np.nan)  # fmt: skip
+    return g[SUMMARY_COLUMNS]
+
+
+def _notes(ident: Identity, shared_rank: bool) -> list[str]:
+    """What the tables cannot say: assumed groups, unknown sizes and types, repeated ranks."""
+    notes = []
+    if ident.assumed_world:
+        notes.append(
+            f"{ident.assumed_world} collectives carry no group size or process group: their "
+            "group is assumed to be the whole world (distributedInfo.world_size)."
+        )
+    unsized = int(np.isnan(ident.nbytes).sum())
+    if unsized:
+        notes.append(
+            f"{unsized} collectives have no known size (no msg nelems on the kernel or its host "
+            "op, no shapes): no algbw/busbw for them."
+        )
+    unknown = int((ident.kind == "unknown").sum())
+    if unknown:
+        notes.append(
+            f"{unknown} collectives are of unknown type (e.g. ncclDevKernel_Generic without "
+            "host args): no busbw factor."
+        )
+    if shared_rank:
+        notes.append(
+            "several sources record the same rank (the store holds more than one job, or "
+            "several captures of a rank): participants are labelled by source and no cross-rank "
+            "skew is computed; import one job per store to compare its ranks."
+        )
+    return notes
+
+
+def _empty() -> Result:
+    return Result(
+        tables={
+            "collectives": pd.DataFrame(columns=COLUMNS),
+            "summary": pd.DataFrame(columns=SUMMARY_COLUMNS),
+            "overlap": pd.DataFrame(columns=OVERLAP_COLUMNS),
+        },
+        notes=[
+            "no collective kernels (NCCL/RCCL kernels, XLA collectives) in the trace: nothing "
+            "to report for communication."
+        ],
+    )
