@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from builders import TraceBuilder
 
 import xpuprof
 from xpuprof.analysis.diff import diff
@@ -18,28 +19,19 @@ from xpuprof.analysis.input_pipeline import classify, input_pipeline
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "kineto" / "edge"
 
 
-def _write(path: Path, events: list[dict]) -> Path:
-    path.write_text(json.dumps({"traceEvents": events}))
-    return path
-
-
-def _x(name: str, cat: str, ts: float, dur: float, tid: int = 1, pid: int = 1) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
-
-
 def test_diff_of_two_synthetic_runs(tmp_path) -> None:
-    a = [
-        _x("ProfilerStep#0", "user_annotation", 0, 100),
-        _x("aten::mm", "cpu_op", 10, 30),
-        _x("aten::relu", "cpu_op", 50, 10),
-        _x("k_mm", "kernel", 20, 40, tid=7, pid=0),
-    ]
-    b = [_x("ProfilerStep#0", "user_annotation", 0, 80), _x("aten::mm", "cpu_op", 10, 20),
-         _x("aten::mm", "cpu_op", 40, 20), _x("aten::gelu", "cpu_op", 65, 5),
-         _x("k_mm", "kernel", 20, 25, tid=7, pid=0)]  # fmt: skip
-    xpuprof.import_traces([_write(tmp_path / "a.json", a)], tmp_path / "a")
-    xpuprof.import_traces([_write(tmp_path / "b.json", b)], tmp_path / "b")
-    with xpuprof.load(tmp_path / "a") as ta, xpuprof.load(tmp_path / "b") as tb:
+    a = TraceBuilder(rank=None)
+    a.step(0, 0, 100)
+    a.op("aten::mm", 10, 30)
+    a.op("aten::relu", 50, 10)
+    a.kernel("k_mm", 20, 40)
+    b = TraceBuilder(rank=None)
+    b.step(0, 0, 80)
+    b.op("aten::mm", 10, 20)
+    b.op("aten::mm", 40, 20)
+    b.op("aten::gelu", 65, 5)
+    b.kernel("k_mm", 20, 25)
+    with a.load(tmp_path, "a") as ta, b.load(tmp_path, "b") as tb:
         res = diff(ta, tb)
     ops = res["ops"].set_index("name")
     assert ops.loc["aten::mm", ["count_a", "count_b", "time_ns_a", "time_ns_b"]].tolist() == [
@@ -119,8 +111,8 @@ def test_input_fraction_of_a_real_loop_with_a_slow_dataloader(tmp_path) -> None:
 
 
 def test_without_steps_or_input_spans_it_says_so(tmp_path) -> None:
-    path = _write(tmp_path / "t.json", [_x("aten::mm", "cpu_op", 0, 10)])
-    xpuprof.import_traces([path], tmp_path / "s")
-    with xpuprof.load(tmp_path / "s") as t:
+    tb = TraceBuilder(rank=None)
+    tb.op("aten::mm", 0, 10)
+    with tb.load(tmp_path) as t:
         res = input_pipeline(t)
     assert not res.tables and "no step spans" in res.notes[0]

@@ -7,37 +7,22 @@ import json
 from pathlib import Path
 
 import pytest
+from builders import TraceBuilder
 
 import xpuprof
 from xpuprof.analysis.overview import overview
 
 
-def _x(name, cat, ts, dur, pid=100, tid=1, **args):
-    e = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
-    if args:
-        e["args"] = args
-    return e
-
-
-def store_of(tmp_path: Path, events: list[dict], name: str = "t") -> Path:
-    p = tmp_path / f"{name}.json"
-    p.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0}}))
-    xpuprof.import_traces([p], tmp_path / f"{name}.store")
-    return tmp_path / f"{name}.store"
-
-
 def test_breakdown_of_a_step_known_by_hand(tmp_path) -> None:
-    # step [0, 100) µs; device (pid 0): compute [10, 40), allreduce [30, 70), memcpy [60, 80);
+    # step [0, 100) µs; device: compute [10, 40), allreduce [30, 70), memcpy [60, 80);
     # host input span [85, 95) while the device idles
-    ev = [
-        _x("ProfilerStep#0", "user_annotation", 0, 100),
-        _x("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "user_annotation",
-           85, 10),
-        _x("gemm", "kernel", 10, 30, pid=0, tid=7),
-        _x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 30, 40, pid=0, tid=9),
-        _x("Memcpy HtoD", "gpu_memcpy", 60, 20, pid=0, tid=8),
-    ]  # fmt: skip
-    with xpuprof.load(store_of(tmp_path, ev)) as t:
+    tb = TraceBuilder(rank=0)
+    tb.step(0, 0, 100)
+    tb.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 85, 10)
+    tb.kernel("gemm", 10, 30, stream=7)
+    tb.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 30, 40, stream=9)
+    tb.memcpy("Memcpy HtoD", 60, 20, stream=8)
+    with tb.load(tmp_path) as t:
         res = overview(t)
     s = res["steps"].iloc[0]
     got = {
@@ -49,35 +34,47 @@ def test_breakdown_of_a_step_known_by_hand(tmp_path) -> None:
     summ = res["summary"].iloc[0]
     assert summ.device_utilization == pytest.approx(0.70)
     assert summ.bottleneck == "input-bound (moderately)"  # input 10 % of the step
+    assert not summ.host_only
+    assert res.facts == {"ranks": 1, "steps": 1, "host_only": False, "step_ms_mean": 0.1,
+                         "bottleneck": "input-bound (moderately)"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "events, want",
     [
         # device idles 60 % of each step with no input span: the host does not keep up
-        ([_x("k", "kernel", 0, 40, pid=0, tid=7)], "host/launch-bound"),
+        ([("kernel", "k", 0, 40, 7)], "host/launch-bound"),
         # a collective not hidden behind compute for 50 % of the step
-        ([_x("k", "kernel", 0, 40, pid=0, tid=7),
-          _x("ncclKernel_AllReduce_RING_LL_Sum_float", "kernel", 40, 55, pid=0, tid=9)],
+        ([("kernel", "k", 0, 40, 7),
+          ("kernel", "ncclKernel_AllReduce_RING_LL_Sum_float", 40, 55, 9)],
          "communication-bound"),
         # input spans cover a quarter of the step while the device idles
-        ([_x("k", "kernel", 0, 75, pid=0, tid=7),
-          _x("load_batch", "user_annotation", 75, 25)], "input-bound (highly)"),
+        ([("kernel", "k", 0, 75, 7), ("annotation", "load_batch", 75, 25, None)],
+         "input-bound (highly)"),
         # the device is busy all the time: bound by the device itself (no FLOPs known)
-        ([_x("k", "kernel", 0, 100, pid=0, tid=7)], "device-bound"),
+        ([("kernel", "k", 0, 100, 7)], "device-bound"),
     ],
 )  # fmt: skip
 def test_bottleneck_rules(tmp_path, events, want) -> None:
-    ev = [_x("ProfilerStep#0", "user_annotation", 0, 100)] + events
-    with xpuprof.load(store_of(tmp_path, ev)) as t:
+    tb = TraceBuilder(rank=0)
+    tb.step(0, 0, 100)
+    for kind, name, ts, dur, stream in events:
+        if kind == "kernel":
+            tb.kernel(name, ts, dur, stream=stream)
+        else:
+            tb.annotation(name, ts, dur)
+    with tb.load(tmp_path) as t:
         assert overview(t)["summary"].bottleneck.iloc[0] == want
 
 
 def test_cpu_run_uses_host_ops_and_says_so(tmp_path) -> None:
-    ev = [_x("ProfilerStep#0", "user_annotation", 0, 100), _x("aten::mm", "cpu_op", 0, 60)]
-    with xpuprof.load(store_of(tmp_path, ev)) as t:
+    tb = TraceBuilder(rank=0)
+    tb.step(0, 0, 100)
+    tb.op("aten::mm", 0, 60)
+    with tb.load(tmp_path) as t:
         res = overview(t)
     assert any("CPU run" in n for n in res.notes)
+    assert res.facts["host_only"] is True and bool(res["summary"].host_only.iloc[0])
     s = res["steps"].iloc[0]
     assert s.compute_ns == 60_000 and s.host_idle_ns == 40_000
 

@@ -11,12 +11,13 @@ what ranks them by what they would really save.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from xpuprof.analysis.common import Result
+from xpuprof.analysis.common import Result, StepSelection
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -102,15 +103,16 @@ def _python_overhead(summary: pd.Series, step_ms: float, cpu_run: bool) -> Findi
     )
 
 
-def _fp32_gemms(trace: Trace, ranks: list[int] | None, steps: list[int] | None,
+def _fp32_gemms(trace: Trace, ranks: Iterable[int] | None, steps: StepSelection,
                 step_ms: float, n_steps: int) -> Finding | None:  # fmt: skip
     """GEMM-like kernels that do not use tensor cores, on a device whose tensor cores are
     faster: what they would take at the half-precision matrix roof."""
-    from xpuprof.analysis.stats import kernel_stats
+    from xpuprof.analysis.stats import stats
     from xpuprof.hardware.specs import match
 
     try:
-        ks = kernel_stats(trace, ranks=ranks, steps=steps)
+        ks = stats(trace, ranks=ranks, steps=steps, ops=False, kernels=True, layers=False)
+        ks = ks.tables.get("kernels")
     except Exception:  # noqa: BLE001 - a refinement: no kernels, no finding
         return None
     if ks is None or len(ks) == 0 or "tensor_core" not in ks:
@@ -152,38 +154,42 @@ def _fp32_gemms(trace: Trace, ranks: list[int] | None, steps: list[int] | None,
 
 
 def advise(
-    trace: Trace, ranks: list[int] | None = None, steps: list[int] | None = None,
+    trace: Trace,
+    *,
+    ranks: Iterable[int] | None = None,
+    steps: StepSelection = None,
     overview_result: Result | None = None,
-) -> Result:  # fmt: skip
-    """Recommendations ranked by the step time they can save (table ``recommendations``)."""
+) -> Result:
+    """Recommendations ranked by the step time they can save (table ``recommendations``),
+    judged on the rank with the slowest mean step of the overview (``overview_result``, or
+    one computed here). Facts: ``recommendations`` (how many), ``saved_fraction`` (the
+    largest saving, of the mean step time; 0 without recommendations)."""
     from xpuprof.analysis.overview import overview
 
     ov = overview_result or overview(trace, ranks=ranks, steps=steps)
-    res = Result()
+    res = Result(facts={"recommendations": 0, "saved_fraction": 0.0})
     summary = ov.tables.get("summary")
     if summary is None or summary.empty:
         res.notes.append("no steps and no events to judge: no recommendations")
         return res
-    cpu_run = any("CPU run" in n for n in ov.notes)
-    findings: list[Finding] = []
     # judge the rank that needs it most: the slowest mean step
     worst = summary.sort_values("step_ms_mean", ascending=False).iloc[0]
     step_ms = float(worst.step_ms_mean)
+    cpu_run = bool(worst.host_only)  # no device events: its host ops were its compute
     rules = (
         _input(worst, step_ms),
         _communication(worst, step_ms),
         _launch(worst, step_ms, cpu_run),
         _python_overhead(worst, step_ms, cpu_run),
+        _fp32_gemms(trace, ranks, steps, step_ms, int(summary.steps.sum())),
     )
-    for rule in rules:
-        if rule is not None:
-            findings.append(rule)
-    gemm = _fp32_gemms(trace, ranks, steps, step_ms, int(summary.steps.sum()))
-    if gemm is not None:
-        findings.append(gemm)
-    findings.sort(key=lambda f: -f.saved_fraction)
-    res.tables["recommendations"] = pd.DataFrame([f.row() for f in findings])
-    if not findings:
+    findings = sorted((f for f in rules if f is not None), key=lambda f: -f.saved_fraction)
+    res.tables["recommendations"] = pd.DataFrame(
+        [f.row() for f in findings], columns=list(Finding.__dataclass_fields__)
+    )
+    if findings:
+        res.facts = {"recommendations": len(findings), "saved_fraction": findings[0].saved_fraction}
+    else:
         res.notes.append(
             f"no rule found {MIN_SAVING:.0%} or more of the step to save (bottleneck: "
             f"{worst.bottleneck}); see the op and kernel tables for where the time goes"

@@ -1,7 +1,7 @@
 """What every analysis needs: selecting events, classifying device work, interval arithmetic,
 and saying plainly what could not be computed.
 
-Analyses are pure functions ``(Trace, options) -> DataFrame`` (or a small dataclass of them);
+Analyses are pure functions ``tool(trace, *, ranks=None, steps=None, **options) -> Result``;
 they never print and never parse files. Interval arithmetic is vectorized numpy over sorted
 arrays: the busy time of a GPU stream with a million kernels is one sort and one cumulative
 maximum, not a Python loop.
@@ -112,17 +112,25 @@ def events(
 
 
 def kernel_type(level: pd.Series, name: pd.Series) -> pd.Series:
-    """HTA's kernel type of device events (communication, memory, computation, other)."""
-    lv = level.astype(str)
+    """HTA's kernel type of device events, from their level: COMMUNICATION for collectives
+    and NCCL kernels, MEMORY for memcpy, memset and MTIA's DMA transfers (kernels named
+    ``dma*``, which HTA types MEMORY too), COMPUTATION for every other kernel, OTHER for the
+    rest. The one classifier of xpuprof; HTA's name-based rule is the ``name_types`` quirk
+    (:func:`xpuprof.analysis.hta.hta_kernel_type`). Evaluated once per distinct (level,
+    name), so a million kernels cost a factorization, not a million string matches."""
+    lc, lu = pd.factorize(level, use_na_sentinel=False)
+    nc, nu = pd.factorize(name, use_na_sentinel=False)
+    width = max(len(nu), 1)
+    inv, pairs = pd.factorize(lc.astype(np.int64) * width + nc)
+    lv = pd.Series(np.asarray(lu, dtype=object)[pairs // width]).astype(str)
+    nm = pd.Series(np.asarray(nu, dtype=object)[pairs % width]).astype(str)
     out = np.full(len(lv), OTHER, dtype=object)
     out[(lv == "kernel").to_numpy()] = COMPUTATION
-    comm = (lv == "collective") | name.astype(str).str.contains("nccl", case=False)
-    memory = (lv == "memcpy") | (lv == "memset")
-    # MTIA's DMA engine work is recorded as kernels named dma*: memory, as HTA types it
-    memory |= (lv == "kernel") & name.astype(str).str.startswith("dma")
+    memory = lv.isin(["memcpy", "memset"]) | ((lv == "kernel") & nm.str.startswith("dma"))
     out[memory.to_numpy()] = MEMORY
-    out[comm.to_numpy() & (lv.isin(DEVICE_LEVELS)).to_numpy()] = COMMUNICATION
-    return pd.Series(out, index=level.index, dtype="string")
+    comm = (lv == "collective") | nm.str.contains("nccl", case=False, regex=False)
+    out[(comm & lv.isin(DEVICE_LEVELS)).to_numpy()] = COMMUNICATION
+    return pd.Series(out[inv], index=level.index, dtype=object)
 
 
 def merge_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

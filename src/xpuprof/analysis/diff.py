@@ -8,11 +8,12 @@ compares the mean step of each run, which is what a user changed the code to mov
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from xpuprof.analysis.common import Result, where_clause
+from xpuprof.analysis.common import Result, StepSelection, where_clause
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -23,10 +24,11 @@ _GROUPS = {
 }
 
 
-def _totals(trace: Trace, levels: tuple[str, ...], steps: list[int] | None) -> pd.DataFrame:
+def _totals(trace: Trace, levels: tuple[str, ...], where: str) -> pd.DataFrame:
+    lv = ", ".join(f"'{x}'" for x in levels)
     return trace.sql(
         "select name, count(*) as count, sum(dur) as time_ns from events "
-        f"where {where_clause(None, steps, levels)} and dur is not null group by name"
+        f"where {where} and level in ({lv}) and dur is not null group by name"
     )
 
 
@@ -45,23 +47,27 @@ def _side_by_side(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     return m.loc[order].reset_index(drop=True)
 
 
-def _step_times(trace: Trace, steps: list[int] | None) -> pd.Series:
-    df = trace.sql(f"select dur from events where level = 'step' and {where_clause(None, steps)}")
+def _step_times(trace: Trace, where: str) -> pd.Series:
+    df = trace.sql(f"select dur from events where level = 'step' and {where}")
     return df.dur.astype("int64")
 
 
-def diff(a: Trace, b: Trace, steps: list[int] | None = None) -> Result:
+def diff(
+    a: Trace, b: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None
+) -> Result:
     """Compare trace ``b`` against baseline ``a``: tables ``ops``, ``kernels`` (per name:
     counts, times, deltas, status added/removed/changed/same, largest change first) and
-    ``steps`` (mean and median step time of each, and the delta)."""
+    ``steps`` (mean and median step time of each, and the delta). ``ranks`` and ``steps``
+    select the same ranks and steps in both."""
     res = Result()
+    w = where_clause(ranks, steps)
     for table, levels in _GROUPS.items():
-        ta, tb = _totals(a, levels, steps), _totals(b, levels, steps)
+        ta, tb = _totals(a, levels, w), _totals(b, levels, w)
         if ta.empty and tb.empty:
             res.notes.append(f"neither trace has {table} ({', '.join(levels)} events)")
             continue
         res.tables[table] = _side_by_side(ta, tb)
-    sa, sb = _step_times(a, steps), _step_times(b, steps)
+    sa, sb = _step_times(a, w), _step_times(b, w)
     if sa.empty or sb.empty:
         which = " and ".join(n for n, s in (("the baseline", sa), ("the new trace", sb)) if s.empty)
         res.notes.append(f"no step spans in {which}: no step-time delta")

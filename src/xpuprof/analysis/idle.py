@@ -22,8 +22,12 @@ Definitions (Holistic Trace Analysis 0.5.0):
   the change points), plus the time-weighted mean and the time at CUDA's launch-queue limit
   (1024, ``hta/common/constants.py``).
 
+Steps: every step by default, like every tool; ``steps="drop-last"`` (or ``hta_compatible``
+with ``steps=None``) leaves out the last step as HTA does by default; the selection of device
+work is :func:`xpuprof.analysis.device.device_work`, shared with the breakdown.
+
 Differences from HTA by design (``hta_compatible=True`` reproduces HTA; the names in
-brackets are its :data:`~xpuprof.analysis.breakdown.QUIRKS`):
+brackets are its :data:`~xpuprof.analysis.device.QUIRKS`):
 
 * times are exact ns (HTA rounds them to µs, [round_us]), and every device level counts (HTA
   takes events with a stream arg, leaving out ``cuda_profiler_range``, [stream_arg]);
@@ -49,14 +53,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from xpuprof.analysis.breakdown import (
-    HTA_IDLE_CATEGORIES,
-    DeviceWork,
-    Steps,
-    _out_rank,
-    _work,
-)
-from xpuprof.analysis.common import Result
+from xpuprof.analysis.common import Result, StepSelection
+from xpuprof.analysis.device import DeviceWork, device_work, out_rank
+from xpuprof.analysis.hta import HTA_IDLE_CATEGORIES
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -166,7 +165,7 @@ def _idle_breakdown(
     full["idle_category"] = np.array(CATEGORIES, dtype=object)[full["cat"].to_numpy()]
     tot = full.groupby(keys)["idle_ns"].transform("sum")
     full["idle_ratio"] = full["idle_ns"] / tot.replace(0, np.nan)
-    full["rank"] = _out_rank(full["rank"])
+    full["rank"] = out_rank(full["rank"])
     full["device"] = full["device"].astype("Int64")
     full["stream"] = full["stream"].astype("Int64")
     return full[["rank", "device", "stream", "idle_category", "idle_ns", "idle_ratio"]]
@@ -247,7 +246,7 @@ def _launch_summary(
         launch_delay_outliers=("ld_out", "sum"),
         short_kernels=("short", "sum"),
     ).reset_index()
-    out["rank"] = _out_rank(out["rank"])
+    out["rank"] = out_rank(out["rank"])
     return out
 
 
@@ -260,7 +259,7 @@ def _short_kernels(la: pd.DataFrame, runtime_cutoff_ns: int) -> pd.DataFrame:
         .reset_index()
         .sort_values(["rank", "count", "gpu_ns"], ascending=[True, False, False], ignore_index=True)
     )
-    out["rank"] = _out_rank(out["rank"])
+    out["rank"] = out_rank(out["rank"])
     return out
 
 
@@ -403,19 +402,19 @@ def _queue_summary(ev: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, pd.
     extra["mean_time_weighted"] = extra["w"] / extra["held"].replace(0, np.nan)
     summ = summ.merge(extra[[*keys, "mean_time_weighted", "time_at_max_ns"]], on=keys)
     summ["count"] = summ["count"].astype(np.int64)
-    summ["rank"] = _out_rank(summ["rank"])
+    summ["rank"] = out_rank(summ["rank"])
     if "device" in summ:
         summ["device"] = summ["device"].astype("Int64")
     series = ev[[*keys, "ts", "queue_length"]].copy()
-    series["rank"] = _out_rank(series["rank"])
+    series["rank"] = out_rank(series["rank"])
     return summ, series
 
 
 def idle_time(
     trace: Trace,
-    ranks: Iterable[int] | None = None,
-    steps: Steps = "drop_last",
     *,
+    ranks: Iterable[int] | None = None,
+    steps: StepSelection = None,
     streams: Iterable[int] | None = None,
     kernel_wait_ns: int = KERNEL_WAIT_NS,
     runtime_cutoff_ns: int = RUNTIME_CUTOFF_NS,
@@ -440,10 +439,11 @@ def idle_time(
     * with ``per_event=True`` also ``launches`` (one row per launch) and ``queue_series``
       (every change of a stream's queue length).
 
-    ``steps``: ``"drop_last"`` (HTA's default), ``"all"``/``None``, or step numbers.
+    Facts: ``device_events`` (selected), ``launches`` (runtime call → device event pairs),
+    ``steps`` (the selection applied: ``all``, ``drop-last`` or ``list``), ``hta_compatible``.
     """
-    dw = _work(trace, ranks, steps, hta_compatible)
-    res = Result(notes=list(dw.notes))
+    dw = device_work(trace, ranks, steps, hta_compatible=hta_compatible)
+    res = Result(notes=dw.notes)
     res.tables["breakdown"] = _idle_breakdown(dw, kernel_wait_ns, streams)
     la = _launches(dw)
     if streams is not None:
@@ -463,9 +463,11 @@ def idle_time(
     res.tables["short_kernels"] = _short_kernels(la, runtime_cutoff_ns)
     summ, series = _queue(dw, la)
     res.tables["queue_length"] = summ
+    res.facts = {"device_events": len(dw.df), "launches": len(la), "steps": dw.steps,
+                 "hta_compatible": dw.hta_compatible}  # fmt: skip
     if per_event:
         la = la.copy()
-        la["rank"] = _out_rank(la["rank"])
+        la["rank"] = out_rank(la["rank"])
         res.tables["launches"] = la.reset_index(drop=True)
         res.tables["queue_series"] = series
     return res

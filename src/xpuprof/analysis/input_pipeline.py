@@ -12,12 +12,13 @@ input-pipeline analyzer): input ≥ 20 % of the step time is *highly* input-boun
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from xpuprof.analysis.common import Result, merge_intervals, where_clause
+from xpuprof.analysis.common import Result, StepSelection, merge_intervals, where_clause
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -43,14 +44,17 @@ def classify(fraction: float) -> str:
 
 def input_pipeline(
     trace: Trace,
-    ranks: list[int] | None = None,
-    steps: list[int] | None = None,
+    *,
+    ranks: Iterable[int] | None = None,
+    steps: StepSelection = None,
     pattern: str | None = None,
 ) -> Result:
     """Per step: step time, time in input spans (their union, so nested spans count once),
     the fraction, and XProf's classification; plus a summary per rank.
 
     ``pattern`` (a regular expression) replaces the default names of input spans.
+    Facts: ``input_spans`` (distinct names of input spans found), ``input_fraction`` (of all
+    selected step time, over every rank).
     """
     res = Result()
     rx = re.compile(pattern, re.IGNORECASE) if pattern else INPUT_NAME
@@ -81,28 +85,7 @@ def input_pipeline(
             f"select rank, step, ts, dur from events where name in ({lst}) and dur is not null "
             f"and {where_clause(ranks, steps)}"
         )
-    rows = []
-    for (rank, step), st in step_rows.groupby(["rank", "step"], dropna=False, sort=True):
-        t0, t1 = int(st.ts.min()), int((st.ts + st.dur).max())
-        sel = spans[(spans["rank"].fillna(-1) == (-1 if pd.isna(rank) else rank))]
-        s = sel.ts.to_numpy(np.int64)
-        e = s + sel.dur.to_numpy(np.int64)
-        s, e = np.clip(s, t0, t1), np.clip(e, t0, t1)
-        keep = e > s
-        ms, me = merge_intervals(s[keep], e[keep])
-        wait = int((me - ms).sum())
-        frac = wait / (t1 - t0) if t1 > t0 else 0.0
-        rows.append(
-            {
-                "rank": rank,
-                "step": step,
-                "step_ns": t1 - t0,
-                "input_ns": wait,
-                "input_fraction": frac,
-                "classification": classify(frac),
-            }
-        )
-    per_step = pd.DataFrame(rows)
+    per_step = _per_step(step_rows, spans)
     res.tables["steps"] = per_step
     summary = (
         per_step.groupby("rank", dropna=False)
@@ -113,4 +96,27 @@ def input_pipeline(
     summary["classification"] = summary.input_fraction.map(classify)
     res.tables["summary"] = summary
     res.tables["input_spans"] = pd.DataFrame({"name": wanted})
+    total = int(summary.step_ns.sum())
+    res.facts = {
+        "input_spans": len(wanted),
+        "input_fraction": float(summary.input_ns.sum() / total) if total else 0.0,
+    }
     return res
+
+
+def _per_step(step_rows: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
+    """Per step window: the union of the rank's input spans inside it, and the fraction."""
+    rows = []
+    span_rank = spans["rank"].fillna(-1)
+    for (rank, step), st in step_rows.groupby(["rank", "step"], dropna=False, sort=True):
+        t0, t1 = int(st.ts.min()), int((st.ts + st.dur).max())
+        sel = spans[span_rank == (-1 if pd.isna(rank) else rank)]
+        s = np.clip(sel.ts.to_numpy(np.int64), t0, t1)
+        e = np.clip(sel.ts.to_numpy(np.int64) + sel.dur.to_numpy(np.int64), t0, t1)
+        keep = e > s
+        ms, me = merge_intervals(s[keep], e[keep])
+        wait = int((me - ms).sum())
+        frac = wait / (t1 - t0) if t1 > t0 else 0.0
+        rows.append({"rank": rank, "step": step, "step_ns": t1 - t0, "input_ns": wait,
+                     "input_fraction": frac, "classification": classify(frac)})  # fmt: skip
+    return pd.DataFrame(rows)

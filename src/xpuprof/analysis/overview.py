@@ -10,11 +10,11 @@ with this priority so that the parts add up to the step time:
 * **input** — the device is idle while the host is in an input span (DataLoader, load_batch);
 * **host-bound idle** — the device is idle otherwise: the host did not feed it in time.
 
-A trace without device events is a CPU run: the host's framework ops are its compute and the
-same rules apply to them (said in the notes).
+A rank without device events is a CPU run: the host's framework ops are its compute and the
+same rules apply to them (column ``host_only`` of the summary, and a note).
 
 Bottleneck, first match wins (thresholds from XProf's input-pipeline analyzer and its
-smart-suggestion rules, see REFERENCE.md):
+smart-suggestion rules):
 
 1. input ≥ 20 % of the step: **input-bound (highly)**; ≥ 5 %: **input-bound (moderately)**;
 2. communication not hidden ≥ 30 %: **communication-bound**;
@@ -27,6 +27,7 @@ smart-suggestion rules, see REFERENCE.md):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,7 +38,10 @@ from xpuprof.analysis.common import (
     COMPUTATION,
     DEVICE_LEVELS,
     MEMORY,
+    OTHER,
     Result,
+    StepSelection,
+    intersection_length,
     kernel_type,
     merge_intervals,
     where_clause,
@@ -63,8 +67,6 @@ def _clip_union(s: np.ndarray, e: np.ndarray, t0: int, t1: int) -> tuple[np.ndar
 
 def _minus(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
     """Length of union(a) minus its overlap with union(b) (both merged)."""
-    from xpuprof.analysis.common import intersection_length
-
     return int((a[1] - a[0]).sum()) - intersection_length(a, b)
 
 
@@ -91,28 +93,22 @@ def _step_parts(
 
 
 def overview(
-    trace: Trace, ranks: list[int] | None = None, steps: list[int] | None = None, top: int = 10
-) -> Result:
+    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
+    top: int = 10,
+) -> Result:  # fmt: skip
     """Step statistics, the per-step breakdown, device utilisation, top ops and kernels and the
-    bottleneck of each rank. Tables: ``summary``, ``steps``, ``top_ops``, ``top_kernels``."""
+    bottleneck of each rank. Tables: ``summary`` (one row per rank; ``host_only`` says the
+    rank has no device events, so its host ops were taken as compute), ``steps``, ``top_ops``,
+    ``top_kernels``.
+
+    Facts: ``ranks``, ``steps`` (step windows summarised), ``host_only`` (no selected rank has
+    device events: a CPU run), and of the rank with the slowest mean step: ``step_ms_mean``
+    and ``bottleneck``."""
     res = Result()
     w = where_clause(ranks, steps)
     step_rows = trace.sql(
         f"select rank, step, ts, dur from events where level = 'step' and {w} order by rank, ts"
     )
-    ev = trace.sql(
-        "select rank, level, name, ts, dur, flops, bytes from events where dur is not null "
-        f"and level in ('kernel', 'collective', 'memcpy', 'memset', 'op') and {w}"
-    )
-    inputs_names = trace.sql(
-        f"select distinct name from events where level in ('op', 'annotation', 'python') and {w}"
-    ).name
-    wanted = [n for n in inputs_names if isinstance(n, str) and INPUT_NAME.search(n)]
-    if wanted:
-        lst = ", ".join("'" + n.replace("'", "''") + "'" for n in wanted)
-        inp = trace.sql(f"select rank, ts, dur from events where name in ({lst}) and {w}")
-    else:
-        inp = pd.DataFrame({"rank": [], "ts": [], "dur": []})
     if step_rows.empty:
         res.notes.append(
             "no step spans (ProfilerStep#N or xpuprof.step): the whole trace is taken as one "
@@ -124,47 +120,101 @@ def overview(
         )
         span["step"] = -1
         step_rows = span[["rank", "step", "ts", "dur"]]
-    shares = _memory_shares(trace, ranks, steps)
+        if step_rows.empty:
+            res.notes.append("no events selected: nothing to summarise")
+            res.facts = {"ranks": 0, "steps": 0, "host_only": False}
+            return res
+    per_step, host_only = _per_step(trace, w, step_rows)
+    if host_only:
+        res.notes.append("no device events: a CPU run; the host's framework ops are its compute")
+    res.tables["steps"] = per_step
+    summary = _summary(per_step, host_only, _memory_shares(trace, ranks, steps))
+    res.tables["summary"] = summary
+    res.tables["top_ops"], res.tables["top_kernels"] = _top(trace, ranks, steps, top)
+    res.facts = {"ranks": len(summary), "steps": 0, "host_only": False}
+    if len(summary):
+        res.facts["steps"] = int(summary["steps"].sum())
+        res.facts["host_only"] = bool(summary["host_only"].all())
+        worst = summary.sort_values("step_ms_mean", ascending=False).iloc[0]
+        res.facts |= {"step_ms_mean": float(worst.step_ms_mean), "bottleneck": worst.bottleneck}
+    return res
+
+
+def _rank_key(rank: object) -> int:
+    return -1 if pd.isna(rank) else int(rank)  # type: ignore[arg-type, call-overload]
+
+
+def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFrame, set[int]]:
+    """The breakdown of each step window, and the ranks without device events (keys as
+    :func:`_rank_key`)."""
+    ev = trace.sql(
+        "select rank, level, name, ts, dur from events where dur is not null "
+        f"and level in ('kernel', 'collective', 'memcpy', 'memset', 'op') and {w}"
+    )
+    inp = _input_spans(trace, w)
+    ev_rank = ev["rank"].fillna(-1)
+    inp_rank = inp["rank"].fillna(-1)
     rows = []
-    bound_notes = set()
+    host_only: set[int] = set()
     for rank, rsteps in step_rows.groupby("rank", dropna=False):
-        re_ = ev[ev["rank"].fillna(-1) == (-1 if pd.isna(rank) else rank)]
+        key = _rank_key(rank)
+        re_ = ev[ev_rank == key]
         dev = re_[re_.level.isin(DEVICE_LEVELS)]
         if dev.empty:
-            bound_notes.add("no device events: a CPU run; the host's framework ops are its compute")
+            host_only.add(key)
             dev = re_[re_.level == "op"]
-            kinds = pd.Series(COMPUTATION, index=dev.index)
+            kinds = np.full(len(dev), COMPUTATION, dtype=object)
         else:
-            kinds = kernel_type(dev.level, dev.name)
-        s = dev.ts.to_numpy(np.int64)
-        e = s + dev.dur.to_numpy(np.int64)
-        lv = dev.level.astype(str).to_numpy()
-        k = kinds.astype(str).to_numpy()
-        groups = {
-            "compute": (s[k == COMPUTATION], e[k == COMPUTATION]),
-            "communication": (s[k == COMMUNICATION], e[k == COMMUNICATION]),
-            "memcpy": (s[(k == MEMORY) & (lv == "memcpy")], e[(k == MEMORY) & (lv == "memcpy")]),
-            "memset": (s[(k == MEMORY) & (lv == "memset")], e[(k == MEMORY) & (lv == "memset")]),
-            "other": (s[k == "OTHER"], e[k == "OTHER"]),
-        }
-        ri = inp[inp["rank"].fillna(-1) == (-1 if pd.isna(rank) else rank)]
-        inputs = (
-            ri.ts.to_numpy(np.int64),
-            ri.ts.to_numpy(np.int64) + ri.dur.fillna(0).to_numpy(np.int64),
-        )
+            kinds = kernel_type(dev.level, dev.name).to_numpy()
+        groups = _groups(dev, kinds)
+        ri = inp[inp_rank == key]
+        start = ri.ts.to_numpy(np.int64)
+        inputs = (start, start + ri.dur.fillna(0).to_numpy(np.int64))
         for st in rsteps.itertuples(index=False):
             t0, t1 = int(st.ts), int(st.ts + st.dur)
             parts = _step_parts(t0, t1, groups, inputs)
-            rows.append({"rank": rank, "step": st.step, "step_ns": t1 - t0, **{
-                f"{p}_ns": parts[p] for p in PARTS}})  # fmt: skip
-    per_step = pd.DataFrame(rows)
-    res.notes.extend(sorted(bound_notes))
-    res.tables["steps"] = per_step
+            rows.append({"rank": rank, "step": st.step, "step_ns": t1 - t0,
+                         **{f"{p}_ns": parts[p] for p in PARTS}})  # fmt: skip
+    return pd.DataFrame(rows), host_only
+
+
+def _input_spans(trace: Trace, w: str) -> pd.DataFrame:
+    """Host spans of input loading (named as :data:`INPUT_NAME` matches)."""
+    names = trace.sql(
+        f"select distinct name from events where level in ('op', 'annotation', 'python') and {w}"
+    ).name
+    wanted = [n for n in names if isinstance(n, str) and INPUT_NAME.search(n)]
+    if not wanted:
+        return pd.DataFrame({"rank": [], "ts": [], "dur": []})
+    lst = ", ".join("'" + n.replace("'", "''") + "'" for n in wanted)
+    return trace.sql(f"select rank, ts, dur from events where name in ({lst}) and {w}")
+
+
+def _groups(dev: pd.DataFrame, kinds: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(starts, ends) of the device work of each part that device work can fill."""
+    s = dev.ts.to_numpy(np.int64)
+    e = s + dev.dur.to_numpy(np.int64)
+    lv = dev.level.astype(str).to_numpy()
+    k = np.asarray(kinds).astype(str)
+    masks = {
+        "compute": k == COMPUTATION,
+        "communication": k == COMMUNICATION,
+        "memcpy": (k == MEMORY) & (lv == "memcpy"),
+        "memset": (k == MEMORY) & (lv == "memset"),
+        "other": k == OTHER,
+    }
+    return {name: (s[m], e[m]) for name, m in masks.items()}
+
+
+def _summary(
+    per_step: pd.DataFrame, host_only: set[int], shares: dict[int | None, float]
+) -> pd.DataFrame:
+    """One row per rank: step statistics, the fractions of the parts, the bottleneck."""
     summary = []
     for rank, g in per_step.groupby("rank", dropna=False):
         total = g.step_ns.sum()
         frac = {p: g[f"{p}_ns"].sum() / total if total else 0.0 for p in PARTS}
-        busy = 1 - frac["input"] - frac["host_idle"]
+        cpu = _rank_key(rank) in host_only
         row = {
             "rank": rank,
             "steps": len(g),
@@ -172,32 +222,38 @@ def overview(
             "step_ms_p50": g.step_ns.median() / 1e6,
             "step_ms_p90": g.step_ns.quantile(0.9) / 1e6,
             **{f"{p}_fraction": frac[p] for p in PARTS},
-            "device_utilization": busy,
+            "device_utilization": 1 - frac["input"] - frac["host_idle"],
+            "host_only": cpu,
         }
-        row["bottleneck"] = _bottleneck(
-            frac, shares.get(None if pd.isna(rank) else int(rank)), cpu_run=bool(bound_notes)
-        )
+        key = None if pd.isna(rank) else int(rank)
+        row["bottleneck"] = _bottleneck(frac, shares.get(key), cpu_run=cpu)
         summary.append(row)
-    res.tables["summary"] = pd.DataFrame(summary)
+    return pd.DataFrame(summary)
+
+
+def _top(
+    trace: Trace, ranks: Iterable[int] | None, steps: StepSelection, top: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ``top`` framework ops by self time and device kernels by total time."""
     we = where_clause(ranks, steps, alias="e")
-    res.tables["top_ops"] = trace.sql(
+    ops = trace.sql(
         "with c as (select parent, sum(dur) as d from events group by parent) "
         "select e.name as op, count(*) as calls, sum(e.dur) / 1e6 as total_ms, "
         "sum(e.dur - coalesce(c.d, 0)) / 1e6 as self_ms from events e "
         f"left join c on c.parent = e.id where e.level = 'op' and {we} "
         f"group by e.name order by self_ms desc limit {int(top)}"
     )
-    res.tables["top_kernels"] = trace.sql(
+    kernels = trace.sql(
         "select name as kernel, level, count(*) as calls, sum(dur) / 1e6 as total_ms, "
         "avg(dur) / 1e3 as mean_us from events where level in "
-        f"('kernel', 'collective', 'memcpy', 'memset') and {w} group by name, level "
-        f"order by total_ms desc limit {int(top)}"
+        f"('kernel', 'collective', 'memcpy', 'memset') and {where_clause(ranks, steps)} "
+        f"group by name, level order by total_ms desc limit {int(top)}"
     )
-    return res
+    return ops, kernels
 
 
 def _memory_shares(
-    trace: Trace, ranks: list[int] | None, steps: list[int] | None
+    trace: Trace, ranks: Iterable[int] | None, steps: StepSelection
 ) -> dict[int | None, float]:
     """Per rank, the share of timed work with a known roofline position that is
     memory-bound (below the device's ridge point); ranks with none known are absent. One

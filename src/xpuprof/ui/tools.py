@@ -1,0 +1,465 @@
+"""The one list of tools: what each is called, what it runs, which options it takes and how its
+tables are shown. The CLI builds its analysis commands from :data:`TOOLS`, and the web UI and
+reports call :func:`run` the same way, so none of them composes tools or reshapes tables.
+
+A tool is ``function(*traces, ranks=None, steps=None, **options) -> Result``. Composite tools
+(``overview`` = the overview plus the advisor's recommendations; ``summary`` = what the demo
+prints; ``info`` = what a store holds) are written here, once. Functions are named as
+``"module:function"`` and imported on first use, so that listing tools stays instant.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from xpuprof.core.errors import XpuprofError
+from xpuprof.core.names import LEVELS, TABLES
+from xpuprof.core.result import Presentation, Result
+
+if TYPE_CHECKING:
+    from xpuprof.analysis.common import StepSelection
+    from xpuprof.trace.trace import Trace
+
+
+@dataclass(frozen=True)
+class Option:
+    """One keyword option of a tool: its keyword, one line of help, the default the CLI shows
+    (None: the tool's own default applies), its type, and its CLI flag (``--name``)."""
+
+    name: str
+    help: str
+    default: Any = None
+    type: type = str
+    flag: str | None = None
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+
+#: Options most tools share (see :data:`xpuprof.analysis.common.StepSelection`).
+COMMON = {
+    "ranks": Option("ranks", "Ranks: 0, 0,2 or 0-3 (default: all).", flag="--rank"),
+    "steps": Option(
+        "steps",
+        "Steps: all (the default), drop-last (each rank's last step left out, as HTA "
+        "does by default), or numbers: 5, 5,6 or 5-9.",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One entry of the list. ``inputs``: how many traces it takes (0, 1, or 2 for a
+    baseline and a new trace). ``present``: how to show its tables, by table name (a table
+    the tool gives a presentation itself keeps it). ``document``: a function giving the
+    tool's ``--json`` document when that is not ``Result.to_dict()`` (``info``'s predates
+    Result)."""
+
+    name: str
+    target: str
+    help: str
+    common: tuple[str, ...] = ("ranks", "steps")
+    options: tuple[Option, ...] = ()
+    present: Mapping[str, Presentation] = field(default_factory=dict)
+    inputs: int = 1
+    document: str | None = None
+
+    def function(self) -> Callable[..., Any]:
+        return _resolve(self.target)
+
+    def keywords(self) -> tuple[str, ...]:
+        return (*self.common, *(o.name for o in self.options))
+
+
+def _resolve(target: str) -> Callable[..., Any]:
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# ---------------------------------------------------------------------------------- options
+
+
+def parse_numbers(text: str) -> list[int]:
+    """``3``, ``3,5,9`` or ``3-7`` (inclusive) → a list of ints."""
+    out: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+    except ValueError:
+        raise XpuprofError(f"not a list of numbers: {text!r} (use e.g. 3, 3,5 or 3-7)") from None
+    return out
+
+
+def parse_ranks(text: str | None) -> list[int] | None:
+    """``--rank``: numbers as :func:`parse_numbers`; None or ``all`` → every rank."""
+    if text is None or text.strip() == "all":
+        return None
+    return parse_numbers(text)
+
+
+def parse_steps(text: str | None) -> StepSelection:
+    """``--steps``: ``all`` (or nothing), ``drop-last`` (``drop_last``), or numbers."""
+    if text is None:
+        return None
+    t = text.strip()
+    if t in ("all", "drop-last", "drop_last"):
+        return "drop-last" if t == "drop_last" else t
+    return parse_numbers(t)
+
+
+# ---------------------------------------------------------------------------------- running
+
+
+def get(name: str) -> Tool:
+    """The tool called ``name`` (its CLI command)."""
+    for tool in TOOLS:
+        if tool.name == name:
+            return tool
+    raise XpuprofError(f"no tool {name!r}; tools: {', '.join(t.name for t in TOOLS)}")
+
+
+def _call(tool: Tool, traces: tuple[Trace, ...], options: dict[str, Any]) -> dict[str, Any]:
+    """Check the traces and options against the tool's entry; the keywords to pass (options
+    given as None are left to the tool's default; ranks and steps may be given as text)."""
+    if len(traces) != tool.inputs:
+        raise XpuprofError(f"{tool.name} takes {tool.inputs} trace(s), not {len(traces)}")
+    unknown = set(options) - set(tool.keywords())
+    if unknown:
+        raise XpuprofError(
+            f"{tool.name} has no option(s) {', '.join(sorted(unknown))}; it takes "
+            f"{', '.join(tool.keywords()) or 'none'}"
+        )
+    kw = {k: v for k, v in options.items() if v is not None}
+    if isinstance(kw.get("ranks"), str):
+        kw["ranks"] = parse_ranks(kw["ranks"])
+    if isinstance(kw.get("steps"), str):
+        kw["steps"] = parse_steps(kw["steps"])
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def run(name: str, *traces: Trace, **options: Any) -> Result:
+    """Run the tool ``name`` on ``traces`` with ``options`` (its keywords; see :data:`TOOLS`)
+    and return its Result, each table with its presentation."""
+    tool = get(name)
+    res = tool.function()(*traces, **_call(tool, traces, options))
+    for table, hint in tool.present.items():
+        if table in res.tables:
+            res.present.setdefault(table, hint)
+    return res
+
+
+def document(name: str, *traces: Trace, **options: Any) -> dict[str, Any]:
+    """The tool's ``--json`` document: ``run(...).to_dict()``, or its own document."""
+    tool = get(name)
+    if tool.document is None:
+        return run(name, *traces, **options).to_dict()
+    return _resolve(tool.document)(*traces, **_call(tool, traces, options))
+
+
+# ------------------------------------------------------------------------- composite tools
+
+
+def store_info(trace: Trace) -> dict[str, Any]:
+    """What a store holds, from its manifest alone (instant on any size): the store, its
+    format version, when it was written, events read, rows per table and per level, and per
+    source its path, part, rank (and where the rank came from), host, format, size, what was
+    read, rows, levels, device names and world size."""
+    m = trace.manifest
+    sources = []
+    for s, meta in zip(m["sources"], trace.meta["sources"], strict=True):
+        raw = meta["meta"]
+        props = raw.get("deviceProperties") or []
+        dist = raw.get("distributedInfo")
+        sources.append(
+            {
+                "path": s["path"],
+                "part": s["part"],
+                "rank": s["rank"],
+                "rank_from": s.get("rank_from"),
+                "host": s.get("host"),
+                "format": s.get("format"),
+                "size": s["size"],
+                "events_read": s["read"]["total"],
+                "read": s["read"],
+                "rows": s["rows"],
+                "levels": s["levels"],
+                "devices": [d.get("name") for d in props if isinstance(d, dict)],
+                "world_size": dist.get("world_size") if isinstance(dist, dict) else None,
+            }
+        )
+    return {
+        "store": str(trace.path),
+        "version": m["version"],
+        "written": m.get("written"),
+        "events_read": m["events_read"],
+        "rows": m["rows"],
+        "levels": m["levels"],
+        "sources": sources,
+    }
+
+
+def info(trace: Trace) -> Result:
+    """:func:`store_info` as tables (no pandas: ``info`` must answer in a blink): ``sources``,
+    ``tables`` (rows per table) and ``levels`` (events per level). Facts: ``store``,
+    ``version``, ``events_read``."""
+    doc = store_info(trace)
+    sources = [
+        {
+            "part": s["part"],
+            "rank": s["rank"],
+            "source": Path(s["path"]).name,
+            "size_bytes": s["size"],
+            "read": s["events_read"],
+            "events": s["rows"]["events"],
+            "devices": ", ".join(sorted({d for d in s["devices"] if d})) or None,
+        }
+        for s in doc["sources"]
+    ]
+    levels = [{"level": lv, "events": doc["levels"][lv]} for lv in LEVELS
+              if doc["levels"].get(lv)]  # fmt: skip
+    return Result(
+        tables={"sources": sources,
+                "tables": [{"table": t, "rows": doc["rows"].get(t, 0)} for t in TABLES],
+                "levels": levels},
+        facts={"store": doc["store"], "version": doc["version"],
+               "events_read": doc["events_read"]},
+        present={"sources": Presentation(title=doc["store"], all_rows=True)},
+    )  # fmt: skip
+
+
+def info_document(trace: Trace) -> dict[str, Any]:
+    """``info --json``: the :func:`store_info` document (it predates Result, and scripts read
+    it)."""
+    return store_info(trace)
+
+
+def import_result(report: Any) -> Result:
+    """What an import (an :class:`~xpuprof.trace.ingest.ImportReport`) read and wrote, per
+    source, and events per level; what it dropped, in the notes. Facts: ``events_read``,
+    ``seconds``, ``workers``, ``up_to_date`` (nothing needed importing)."""
+    doc = report.to_dict()
+    facts = {"events_read": report.events_read, "seconds": report.seconds,
+             "workers": report.workers, "up_to_date": bool(report.noop)}  # fmt: skip
+    if report.noop:
+        return Result(notes=[f"{report.store}: up to date ({len(report.sources)} source(s) "
+                             f"unchanged, {report.rows.get('events', 0):,} events)"],
+                      facts=facts)  # fmt: skip
+    rows, notes = [], []
+    for s in doc["sources"]:
+        rows.append({"source": Path(s["path"]).name + (" (unchanged)" if s["path"] in
+                                                         report.reused else ""),
+                     "rank": s["rank"], "read": s["events_read"],
+                     **{t: n for t, n in s["rows"].items() if t != "links"},
+                     "dropped": sum(d["events"] for d in s["dropped"])})  # fmt: skip
+        for d in s["dropped"]:
+            where = f" at byte {d['offset']}" if d.get("offset") is not None else ""
+            notes.append(f"dropped {d['events']} from {s['path']}: {d['reason']}{where}")
+    title = (f"imported into {report.store}: {report.events_read:,} events read from "
+             f"{len(report.sources)} file(s) in {report.seconds:.2f} s "
+             f"({report.workers} worker(s))")  # fmt: skip
+    levels = [{"level": lv, "events": report.levels[lv]} for lv in LEVELS
+              if report.levels.get(lv)]  # fmt: skip
+    return Result(tables={"sources": rows, "levels": levels}, notes=notes, facts=facts,
+                  present={"sources": Presentation(title=title, all_rows=True),
+                           "levels": _INFO["levels"]})  # fmt: skip
+
+
+def overview(
+    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None, top: int = 10
+) -> Result:
+    """The overview (step time, where it goes, bottleneck, top ops and kernels) with the
+    advisor's recommendations under the numbers. Facts: the overview's and the advisor's."""
+    from xpuprof.advise.rules import advise
+    from xpuprof.analysis.overview import overview as overview_tool
+
+    ov = overview_tool(trace, ranks=ranks, steps=steps, top=top)
+    adv = advise(trace, ranks=ranks, steps=steps, overview_result=ov)
+    order = ("summary", "steps", "top_ops", "top_kernels")
+    return Result(
+        tables={k: ov.tables[k] for k in order if k in ov.tables} | adv.tables,
+        notes=ov.notes + adv.notes,
+        facts=ov.facts | adv.facts,
+    )
+
+
+def summary(
+    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None
+) -> Result:
+    """What the demo prints after training: the store's info, the overview (one column per
+    rank), the top ops by self time, the slowest layers (when the trace has layers) and the
+    recommendations. Facts: the overview's and the advisor's."""
+    from xpuprof.analysis.stats import stats
+
+    ov = overview(trace, ranks=ranks, steps=steps, top=8)
+    inf = info(trace)
+    tables = dict(inf.tables)
+    tables["overview"] = ov.tables["summary"]
+    tables["top_ops"] = ov.tables["top_ops"]
+    notes = list(ov.notes)
+    if trace.manifest["levels"].get("layer"):
+        st = stats(trace, ranks=ranks, steps=steps, ops=False, kernels=False, layers=True)
+        layers = st.tables["layers"].sort_values("forward_ns", ascending=False)
+        cols = ["layer", "module_type", "calls", "forward_ns", "backward_ns"]
+        tables["slowest_layers"] = layers[[c for c in cols if c in layers]]
+        notes += [n for n in st.notes if n not in notes]
+    if "recommendations" in ov.tables:
+        tables["recommendations"] = ov.tables["recommendations"]
+    return Result(tables=tables, notes=notes, facts=ov.facts, present=dict(inf.present))
+
+
+def stats(
+    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
+    ops: bool = False, kernels: bool = False, layers: bool = False, shapes: bool = False,
+    by_op: bool = False,
+) -> Result:  # fmt: skip
+    """Op, kernel and layer statistics: the ones chosen, all three when none is."""
+    from xpuprof.analysis.stats import stats as stats_tool
+
+    every = not (ops or kernels or layers)
+    return stats_tool(trace, ranks=ranks, steps=steps, ops=ops or every,
+                      kernels=kernels or every, layers=layers or every, shapes=shapes,
+                      by_op=by_op)  # fmt: skip
+
+
+def hardware() -> Result:
+    """The device table the roofline uses (one row per device)."""
+    from xpuprof.hardware.specs import table
+
+    return Result(tables={"devices": table()})
+
+
+#: Input formats named when the reader registry cannot be read (it always can, in a whole
+#: install; this keeps ``--help`` useful in a broken one).
+FALLBACK_FORMATS = (
+    ("kineto", "PyTorch profiler (Kineto) and other Chrome-trace JSON: .json, .json.gz",
+     (".json", ".json.gz")),
+    ("xplane", "XProf XPlane: .xplane.pb, or an XProf log directory", (".xplane.pb",)),
+)  # fmt: skip
+
+
+def input_formats() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(name, description, suffixes) of every reader ``xpuprof import`` knows."""
+    try:
+        from xpuprof.formats import readers
+
+        return [(r.name, r.description, tuple(r.suffixes)) for r in readers()]
+    except (ImportError, AttributeError):
+        return list(FALLBACK_FORMATS)
+
+
+def formats() -> Result:
+    """The input formats ``xpuprof import`` reads (the reader registry, plug-ins included)."""
+    rows = [{"format": n, "suffixes": ", ".join(s), "description": d}
+            for n, d, s in input_formats()]  # fmt: skip
+    return Result(tables={"formats": rows})
+
+
+# ------------------------------------------------------------------------------ the list
+
+_ALL = Presentation(all_rows=True)
+_INFO = {"tables": Presentation(title="rows per table", all_rows=True),
+         "levels": Presentation(title="events per level", all_rows=True)}  # fmt: skip
+_RECOMMENDATIONS = Presentation(
+    layout="paragraphs",
+    title="recommendations (ranked by the step time they can save, at most)",
+    lines=(
+        "{recommendation}",
+        "{finding}: {evidence}",
+        "saves up to {saved_ms_per_step:.2f} ms per step ({saved_fraction:.0%})",
+    ),
+)
+_SUMMARY = Presentation(layout="transpose", label="rank", all_rows=True)
+_OVERVIEW = {
+    "summary": _SUMMARY,
+    "top_ops": Presentation(title="top ops (by self time)"),
+    "top_kernels": Presentation(title="top kernels (by total time)"),
+    "recommendations": _RECOMMENDATIONS,
+}
+_HTA = Option(
+    "hta_compatible",
+    "Reproduce HTA 0.5.0's numbers, rounding and quirks included (the last step is then left "
+    "out unless --steps says otherwise).",
+    False,
+    bool,
+)
+
+#: Every tool, in the order ``xpuprof --help`` lists them.
+TOOLS: tuple[Tool, ...] = (
+    Tool("info", "xpuprof.ui.tools:info",
+         "What a store holds: sources, ranks, devices, rows per table and per level.",
+         common=(), present=_INFO,
+         document="xpuprof.ui.tools:info_document"),
+    Tool("overview", "xpuprof.ui.tools:overview",
+         "Step time, where it goes (compute, communication, memcpy, input, host-bound idle), "
+         "the bottleneck, top ops and kernels, and the advisor's recommendations.",
+         options=(Option("top", "Top ops and kernels to list.", 10, int),), present=_OVERVIEW),
+    Tool("summary", "xpuprof.ui.tools:summary",
+         "What the demo prints: the store, the overview, top ops, slowest layers and "
+         "recommendations.",
+         present={**_INFO, "overview": _SUMMARY,
+                  "top_ops": _OVERVIEW["top_ops"],
+                  "slowest_layers": Presentation(title="slowest layers (forward time)"),
+                  "recommendations": _RECOMMENDATIONS}),
+    Tool("stats", "xpuprof.ui.tools:stats",
+         "Op, kernel and layer statistics (all three unless one is chosen).",
+         options=(Option("ops", "Framework ops.", False, bool),
+                  Option("kernels", "Device kernels.", False, bool),
+                  Option("layers", "Model layers (modules and types).", False, bool),
+                  Option("shapes", "Ops per input shapes.", False, bool),
+                  Option("by_op", "Kernels per launching op.", False, bool))),
+    Tool("hierarchy", "xpuprof.analysis.hierarchy:hierarchy",
+         "Device time attributed up the stack (kernel → op → layer → step), inclusive and "
+         "exclusive, as XSP does.",
+         options=(Option("by", "layer, module_type, op, step or runtime.", "layer"),
+                  Option("per_rank", "One row per rank and node.", False, bool))),
+    Tool("breakdown", "xpuprof.analysis.breakdown:breakdown",
+         "HTA's temporal breakdown, kernel-type breakdown and comm/compute overlap (every "
+         "step unless --steps or --hta-compatible says otherwise).",
+         options=(Option("top", "Kernels listed per rank and type.", 10, int), _HTA),
+         present={"types": _ALL}),
+    Tool("idle", "xpuprof.analysis.idle:idle_time",
+         "Idle time per stream (host wait, kernel wait, other), launch delays, short "
+         "kernels, queue length (every step unless --steps or --hta-compatible says "
+         "otherwise).",
+         options=(_HTA,)),
+    Tool("input", "xpuprof.analysis.input_pipeline:input_pipeline",
+         "Input pipeline: time each step waits for data, classified as XProf does.",
+         options=(Option("pattern", "Regex naming the input spans (default: DataLoader "
+                                    "iterator spans and names like load_batch)."),)),
+    Tool("roofline", "xpuprof.analysis.roofline:roofline",
+         "Roofline: FLOPs, bytes, arithmetic intensity, achieved rates, bound and % of roof.",
+         options=(Option("device", "Judge against this device (e.g. h200-sxm) instead of "
+                                   "the trace's."),
+                  Option("tf32", "fp32 matmuls ran on TF32 tensor cores.", False, bool),
+                  Option("calibrate", "Measure this machine's CPU roof with a short "
+                                      "micro-benchmark (cached in the user cache directory).",
+                         None, bool))),
+    Tool("memory", "xpuprof.analysis.memory:memory_timeline",
+         "Memory: allocation timeline, peak, and what is live at the peak by op and layer.",
+         options=(Option("device", "cuda, cuda:1, cpu or a device index."),)),
+    Tool("comm", "xpuprof.analysis.comm:collectives",
+         "Communication: collectives with bus bandwidth, overlap with compute, cross-rank "
+         "skew.",
+         options=(Option("align", "Clock alignment: auto, none, end.", "auto"),)),
+    Tool("critical-path", "xpuprof.analysis.critical_path:critical_path",
+         "The critical path through host and device events, each segment attributed.",
+         options=(Option("annotation", "Window: host spans named so."),
+                  Option("instance", "Which such span (0 = first).", 0, int))),
+    Tool("diff", "xpuprof.analysis.diff:diff",
+         "Ops and kernels added, removed and changed between two traces, and the step-time "
+         "delta.",
+         inputs=2, present={"steps": _ALL}),
+    Tool("hardware", "xpuprof.ui.tools:hardware",
+         "The device table the roofline uses: peak FLOP/s per dtype, memory and link "
+         "bandwidth.",
+         common=(), inputs=0, present={"devices": _ALL}),
+    Tool("formats", "xpuprof.ui.tools:formats",
+         "The input formats xpuprof import reads (built-in readers and plug-ins).",
+         common=(), inputs=0, present={"formats": _ALL}),
+)  # fmt: skip
