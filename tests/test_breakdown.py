@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from builders import TraceBuilder
+from conftest import SHARED_TRACES
 
 from xpuprof.analysis.breakdown import (
     QUIRKS,
@@ -40,7 +41,6 @@ from xpuprof.core.errors import XpuprofError
 from xpuprof.trace.ingest import import_traces
 from xpuprof.trace.trace import Trace
 
-SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 REF = Path(__file__).resolve().parent / "data" / "hta" / "breakdown"
 CASES = sorted(p.stem for p in REF.glob("*.json"))
 

@@ -7,16 +7,12 @@ same answer, on random timelines (with ties, instants, partial overlaps) and on 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import EXAMPLE
 
 from xpuprof.formats.kineto import read_kineto
 from xpuprof.trace.normalize import bind_flows, depths, nest
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "src/xpuprof/data/example_cpu_train.pt.trace.json.gz"
 
 
 def stack_nest(pid, tid, ts, dur, is_slice):

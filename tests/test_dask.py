@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import EXAMPLE, cli
 
 import xpuprof
-
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "src/xpuprof/data/example_cpu_train.pt.trace.json.gz"
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +29,8 @@ def test_import_through_a_scheduler_address_equals_in_process(ranks, tmp_path) -
 
     local = xpuprof.import_traces([ranks], tmp_path / "local.store", workers=1)
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
-        out = subprocess.run(
-            [sys.executable, "-m", "xpuprof.ui.cli", "import", str(ranks),
-             "-o", str(tmp_path / "remote.store"), "--scheduler", cluster.scheduler_address,
-             "--json"],
-            capture_output=True, text=True,
-        )  # fmt: skip
+        out = cli("import", ranks, "-o", tmp_path / "remote.store",
+                  "--scheduler", cluster.scheduler_address, "--json")  # fmt: skip
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["workers"] == 2

@@ -7,16 +7,16 @@ import gzip
 import json
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from builders import TraceBuilder
+from conftest import SHARED_TRACES
 
 import xpuprof
 from xpuprof.analysis.diff import diff
 from xpuprof.analysis.input_pipeline import classify, input_pipeline
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "kineto" / "edge"
+SHARED = SHARED_TRACES / "kineto" / "edge"
 
 
 def test_diff_of_two_synthetic_runs(tmp_path) -> None:

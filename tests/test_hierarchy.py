@@ -268,25 +268,6 @@ LEAF_OPS = {"Linear": "aten::linear", "LayerNorm": "aten::layer_norm", "GELU": "
             "Embedding": "aten::embedding"}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def demo_capture(tmp_path_factory):
-    pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
-    from xpuprof.workloads.demo import Trainer
-
-    trainer = Trainer(batch=4, seq=32, layers=2)
-    trainer.step()  # warm up outside the capture
-    store = tmp_path_factory.mktemp("demo") / "demo.store"
-    with xpuprof.profile(store, level="op", model=trainer.model, steps=2, warmup=1):
-        for i in range(4):
-            xpuprof.step(i)
-            trainer.step()
-    trace = xpuprof.load(store)
-    modules = {path or type(trainer.model).__name__: type(m).__name__
-               for path, m in trainer.model.named_modules()}  # fmt: skip
-    yield trace, modules
-    trace.close()
-
-
 def _spans(trace) -> list[dict]:
     """The layer spans straight from the events table (args decoded here)."""
     t = trace.table("events", columns=["id", "category", "name", "tid", "ts", "dur", "args"])

@@ -177,25 +177,6 @@ def test_op_device_time_on_a_gpu_trace(nccl) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def demo_capture(tmp_path_factory):
-    pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
-    from xpuprof.workloads.demo import Trainer
-
-    trainer = Trainer(batch=4, seq=32, layers=2)
-    trainer.step()
-    store = tmp_path_factory.mktemp("demo_stats") / "demo.store"
-    with xpuprof.profile(store, level="op", model=trainer.model, steps=2, warmup=1):
-        for i in range(4):
-            xpuprof.step(i)
-            trainer.step()
-    trace = xpuprof.load(store)
-    modules = {path or type(trainer.model).__name__: type(m).__name__
-               for path, m in trainer.model.named_modules()}  # fmt: skip
-    yield trace, modules
-    trace.close()
-
-
 def test_layer_stats_forward_time_is_the_layer_spans(demo_capture) -> None:
     trace, modules = demo_capture
     t = trace.table("events", columns=["category", "name", "dur", "args"]).to_pylist()

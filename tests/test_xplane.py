@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from conftest import SHARED_TRACES, cli
 
 from xpuprof.core.errors import TraceFormatError, XpuprofError
 from xpuprof.core.names import LEVELS
@@ -34,7 +35,7 @@ from xpuprof.formats.xplane import (
 )
 from xpuprof.trace import normalize as build
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = SHARED_TRACES
 TPU = TRACES / "xplane" / "tpu_v6e_4chip_inference.xplane.pb"
 
 
@@ -848,15 +849,9 @@ def test_progress_reports_bytes_up_to_the_whole_file(tmp_path):
 def test_cli_import_of_a_corrupt_xplane_leaves_no_store(tmp_path):
     """Through the CLI, as a user meets it: one line naming the file, exit code 2, no store
     (and no hidden staging folder) left behind."""
-    import subprocess
-    import sys
-
     bad = tmp_path / "host.xplane.pb"
     bad.write_bytes(b"\x0a\xff\xff\xff\x0fnot a protobuf at all")
-    out = subprocess.run(
-        [sys.executable, "-m", "xpuprof.ui.cli", "import", str(bad), "-o", str(tmp_path / "s")],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    out = cli("import", bad, "-o", tmp_path / "s")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0]

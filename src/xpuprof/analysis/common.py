@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import pandas as pd
 
+from xpuprof.core.names import DEVICE_LEVELS  # noqa: F401  (re-exported)
 from xpuprof.core.result import Result  # noqa: F401  (re-exported: tools import it from here)
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
+    from xpuprof.trace.tree import EventTree
 
 #: HTA's kernel types (hta/common/trace_parser ... KernelType): communication (NCCL/RCCL
 #: collectives), memory (memcpy/memset), computation (every other kernel), other.
 COMMUNICATION, MEMORY, COMPUTATION, OTHER = "COMMUNICATION", "MEMORY", "COMPUTATION", "OTHER"
 
-#: Levels of work that runs on a device.
-DEVICE_LEVELS = ("kernel", "collective", "memcpy", "memset")
 
 #: What every tool's ``steps`` accepts: ``None`` or ``"all"`` (every step: the default of every
 #: tool), step numbers, or ``"drop-last"`` (HTA's default: leave out each rank's last profiler
@@ -171,3 +171,21 @@ def intersection_length(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, n
     depth = np.cumsum(delta)
     both = depth[:-1] == 2
     return int((np.diff(pts)[both]).sum())
+
+
+def steps_mask(t: EventTree, steps: StepSelection = None) -> np.ndarray:
+    """Mask of the tree's rows in the selected steps (``analysis.common.StepSelection``)."""
+    mode, numbers = step_mode(steps)
+    if mode == "all":
+        return np.ones(t.n, bool)
+    return t.step_mask(numbers, drop_last=mode == "drop-last")
+
+
+def select_rows(
+    t: EventTree, steps: StepSelection = None, levels: Iterable[str] | None = None
+) -> np.ndarray:
+    """Rows of the tree at the given levels (None: all) in the selected steps."""
+    mask = steps_mask(t, steps)
+    if levels is not None:
+        mask &= t.is_level(*levels)
+    return np.flatnonzero(mask)

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from xpuprof.analysis.common import Result, StepSelection, where_clause
+from xpuprof.analysis.common import DEVICE_LEVELS, Result, StepSelection, where_clause
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
 
 _GROUPS = {
     "ops": ("op",),
-    "kernels": ("kernel", "collective", "memcpy", "memset"),
+    "kernels": DEVICE_LEVELS,
 }
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from xpuprof.analysis.common import DEVICE_LEVELS, Result, step_mode, where_clause
+from xpuprof.analysis.common import DEVICE_LEVELS, Result, select_rows, steps_mask, where_clause
 from xpuprof.core.errors import XpuprofError
 from xpuprof.core.names import LAUNCH_FLOW_KINDS, LEVELS
 from xpuprof.trace.tree import LEVEL_CODE, roll_up
@@ -92,24 +92,6 @@ def resolve(trace: Trace, ranks: Iterable[int] | None = None) -> Ancestry:
         _resolve(trace, a, None if key[1] is None else list(key[1]))
         trace.memo[key] = a
     return trace.memo[key]
-
-
-def steps_mask(t: EventTree, steps: StepSelection = None) -> np.ndarray:
-    """Mask of the tree's rows in the selected steps (``analysis.common.StepSelection``)."""
-    mode, numbers = step_mode(steps)
-    if mode == "all":
-        return np.ones(t.n, bool)
-    return t.step_mask(numbers, drop_last=mode == "drop-last")
-
-
-def select_rows(
-    t: EventTree, steps: StepSelection = None, levels: Iterable[str] | None = None
-) -> np.ndarray:
-    """Rows of the tree at the given levels (None: all) in the selected steps."""
-    mask = steps_mask(t, steps)
-    if levels is not None:
-        mask &= t.is_level(*levels)
-    return np.flatnonzero(mask)
 
 
 def _layer_info(trace: Trace, a: Ancestry, ranks: list[int] | None) -> None:

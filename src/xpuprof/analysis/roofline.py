@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from xpuprof.analysis.common import Result, where_clause
-from xpuprof.analysis.hierarchy import steps_mask
+from xpuprof.analysis.common import Result, steps_mask, where_clause
 from xpuprof.core.errors import XpuprofError
 from xpuprof.hardware import specs as hw
 from xpuprof.trace.tree import rows_in

@@ -13,16 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from xpuprof.analysis.common import DEVICE_LEVELS, Result, where_clause
-from xpuprof.analysis.hierarchy import (
-    BACKWARD,
-    FORWARD,
-    Ancestry,
-    attribute,
-    resolve,
-    select_rows,
-    steps_mask,
-)
+from xpuprof.analysis.common import DEVICE_LEVELS, Result, select_rows, steps_mask, where_clause
+from xpuprof.analysis.hierarchy import BACKWARD, FORWARD, Ancestry, attribute, resolve
 from xpuprof.core.errors import XpuprofError
 from xpuprof.trace.tree import chain_pairs, outermost, roll_up
 

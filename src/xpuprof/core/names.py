@@ -41,3 +41,6 @@ CAPTURE_CATEGORY_LEVELS: dict[str, str] = {
     CATEGORY_LAYER: "layer",
     CATEGORY_TELEMETRY: "other",
 }
+
+#: Levels of work that runs on a device (the rest is host activity).
+DEVICE_LEVELS: tuple[str, ...] = ("kernel", "collective", "memcpy", "memset")

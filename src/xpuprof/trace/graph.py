@@ -55,8 +55,6 @@ if TYPE_CHECKING:
 #: Host calls that wait for the device (HTA's ``CPGraph.BLOCKING_SYNC_CALLS``).
 BLOCKING_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventQuery",
                   "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpyAsync")  # fmt: skip
-#: Levels of work that runs on a device (as ``analysis.common.DEVICE_LEVELS``).
-DEVICE_LEVELS = ("kernel", "collective", "memcpy", "memset")
 #: The whole trace as a window.
 WHOLE_TRACE = (-(2**63), 2**63 - 1)
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from xpuprof.core.names import DEVICE_LEVELS
 from xpuprof.trace.graph import (
     BLOCKING_CALLS,
-    DEVICE_LEVELS,
     DependencyGraph,
     EdgeKind,
     Edges,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from xpuprof.core.errors import XpuprofError
-from xpuprof.core.schema import SCHEMAS, TABLES
+from xpuprof.core.names import TABLES
 from xpuprof.trace import store as st
 
 if TYPE_CHECKING:
@@ -131,6 +131,8 @@ class Trace:
         """One table as Arrow, all parts together (optionally a subset of columns / rows)."""
         import pyarrow.parquet as pq
 
+        from xpuprof.core.schema import SCHEMAS
+
         files = self.files(name)
         schema = SCHEMAS[name]
         if not files:
@@ -144,6 +146,8 @@ class Trace:
     def events(self) -> pd.DataFrame:
         """The events table as pandas, without the heavy ``args``/``extra`` text columns
         (read those with :meth:`args` or ``table("events")``)."""
+        from xpuprof.core.schema import SCHEMAS
+
         cols = [c for c in SCHEMAS["events"].names if c not in HEAVY_COLUMNS]
         return self.table("events", columns=cols).to_pandas()
 
@@ -187,6 +191,8 @@ class Trace:
         """A DuckDB connection with one view per table, reading the Parquet files in place."""
         if self._con is None:
             import duckdb
+
+            from xpuprof.core.schema import SCHEMAS
 
             con = duckdb.connect()
             for name in TABLES:

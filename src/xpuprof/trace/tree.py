@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from xpuprof.core.errors import XpuprofError
-from xpuprof.core.names import LEVELS
+from xpuprof.core.names import DEVICE_LEVELS, LEVELS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -30,9 +30,7 @@ if TYPE_CHECKING:
 LEVEL_CODE = {lv: i for i, lv in enumerate(LEVELS)}
 STEP_CODE = LEVEL_CODE["step"]
 #: Levels of work that runs on a device.
-DEVICE_LEVEL_CODES = np.array(
-    [LEVEL_CODE[x] for x in ("kernel", "collective", "memcpy", "memset")], np.int8
-)
+DEVICE_LEVEL_CODES = np.array([LEVEL_CODE[x] for x in DEVICE_LEVELS], np.int8)
 
 #: Columns of the events table the tree reads when it is built (the rest: ``LAZY_COLUMNS``).
 COLUMNS = ("id", "part", "rank", "device", "level", "name", "parent", "depth")

@@ -67,4 +67,4 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-        return float(loss)
+        return loss.item()
