@@ -55,7 +55,26 @@ def test_fp32_gemms_on_an_a100(tmp_path) -> None:
     rec = res["recommendations"].set_index("rule").loc["fp32-gemm"]
     # 500 us of fp32 GEMM at the bf16 matrix roof: 500 * (1 - 19.5/312) = 468.75 us
     assert rec.saved_ms_per_step == pytest.approx(0.46875)
-    assert "autocast" in rec.recommendation
+    assert "autocast" in rec.recommendation and "bfloat16" in rec.recommendation
+    assert "allow_tf32" in rec.recommendation  # A100 has TF32 tensor cores
+
+
+def test_fp32_gemms_on_a_v100_advise_fp16_not_bf16_or_tf32(tmp_path) -> None:
+    """A V100's tensor cores run fp16 only (no bf16, no TF32: NVIDIA's V100 datasheet): the
+    advice and its price must be fp16's."""
+
+    def build(tb):
+        tb.kernel("volta_sgemm_128x64_nn", 0, 500, stream=7)
+        tb.kernel("void elementwise_kernel", 500, 500, stream=7)
+
+    props = [{"id": 0, "name": "Tesla V100-SXM2-32GB"}]
+    res = run(tmp_path, build, device_properties=props)
+    rec = res["recommendations"].set_index("rule").loc["fp32-gemm"]
+    # 500 us of fp32 GEMM at the fp16 matrix roof: 500 * (1 - 15.7/125) = 437.2 us
+    assert rec.saved_ms_per_step == pytest.approx(0.4372)
+    assert "float16" in rec.recommendation and "GradScaler" in rec.recommendation
+    assert "bfloat16" not in rec.recommendation and "tf32" not in rec.recommendation.lower()
+    assert "fp16 matrix 125 TFLOP/s" in rec.evidence
 
 
 def test_a_busy_device_gets_no_made_up_advice(tmp_path) -> None:

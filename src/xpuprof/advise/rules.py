@@ -129,9 +129,11 @@ def _fp32_gemms(trace: Trace, ranks: Iterable[int] | None, steps: StepSelection,
     if spec is None:
         return None
     fp32, _ = spec.peak("fp32", matrix=False)
-    half, _ = spec.peak("bf16", matrix=True)
-    if half is None:
-        half, _ = spec.peak("fp16", matrix=True)
+    # the 16-bit type this device's matrix units really have: bf16 where it exists (Ampere
+    # and later), else fp16 (Volta, Turing); the peak lookup says which one it found
+    half, key = spec.peak("bf16", matrix=True)
+    if key not in ("bf16", "fp16"):
+        return None
     if not fp32 or not half or half <= fp32:
         return None
     t = float(gemm.total_ns.sum())
@@ -141,13 +143,20 @@ def _fp32_gemms(trace: Trace, ranks: Iterable[int] | None, steps: StepSelection,
     if frac < MIN_SAVING:
         return None
     top = ", ".join(gemm.sort_values("total_ns", ascending=False).name.head(3).str[:60])
+    if key == "bf16":
+        how = ("Run GEMMs in bf16 on tensor cores: torch.autocast(device_type='cuda', "
+               "dtype=torch.bfloat16)")  # fmt: skip
+    else:  # no bf16 matrix units (V100, T4): fp16 needs loss scaling
+        how = ("Run GEMMs in fp16 on tensor cores: torch.autocast(device_type='cuda', "
+               "dtype=torch.float16) with torch.amp.GradScaler")  # fmt: skip
+    if "tf32" in spec.flops:  # only parts with TF32 tensor cores (Ampere and later)
+        how += " (or allow TF32: torch.backends.cuda.matmul.allow_tf32 = True)"
     return Finding(
         rule="fp32-gemm",
-        recommendation="Run GEMMs in bf16 on tensor cores: torch.autocast(device_type='cuda', "
-        "dtype=torch.bfloat16) (or allow TF32: torch.backends.cuda.matmul.allow_tf32 = True)",
+        recommendation=how,
         finding=f"{t / total:.0%} of kernel time is GEMMs without tensor cores on {spec.name}",
         evidence=f"{t / 1e6:.2f} ms of such GEMMs ({top}); {spec.name}: fp32 "
-        f"{fp32 / 1e12:.1f} vs bf16 matrix {half / 1e12:.0f} TFLOP/s",
+        f"{fp32 / 1e12:.1f} vs {key} matrix {half / 1e12:.0f} TFLOP/s",
         saved_fraction=frac,
         saved_ms_per_step=per_step,
     )
