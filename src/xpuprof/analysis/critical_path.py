@@ -92,7 +92,7 @@ def critical_path(
         notes.append("no host ops or runtime calls in the window: no critical path")
     path = pd.concat(paths, ignore_index=True) if paths else pd.DataFrame(columns=COLUMNS)
     path["name"] = path.event.map(_names(trace, path.event.dropna().unique()))
-    return Result(tables={"path": path[COLUMNS], "summary": _summary(path)}, notes=notes)
+    return Result(tables={"summary": _summary(path), "path": path[COLUMNS]}, notes=notes)
 
 
 def _segments(graph: DependencyGraph, path: np.ndarray) -> pd.DataFrame:

@@ -35,13 +35,16 @@ class Presentation:
     shown whole whatever the row limit. ``label``: for ``transpose``, the column whose values
     name the output columns (``rank`` → "rank 0", "rank 1"). ``lines``: for ``paragraphs``,
     ``str.format`` templates over a row's columns, one per line, the first the paragraph's
-    heading (e.g. ``("{recommendation}", "saves up to {saved_ms_per_step:.2f} ms")``)."""
+    heading (e.g. ``("{recommendation}", "saves up to {saved_ms_per_step:.2f} ms")``).
+    ``units``: (column, unit) pairs for columns whose names do not say their unit: ``ns``,
+    ``us``, ``ms``, ``bytes``, ``B/s`` or ``%``."""
 
     layout: Layout = "records"
     title: str | None = None
     all_rows: bool = False
     label: str | None = None
     lines: tuple[str, ...] = ()
+    units: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass

@@ -6,7 +6,8 @@ never by which tool or table it is: a column whose name has the token ``ns``, ``
 holds times and is shown in one unit per column (ns, µs, ms or s, chosen by its largest value);
 ``bytes`` in B, KB, MB or GB; ``fraction``, ``ratio`` and ``utilization`` as percentages;
 ``pct`` and ``percentage`` already are. The unit moves into the header: ``idle_ns`` is shown
-as ``idle (ms)``.
+as ``idle (ms)``. A presentation may declare the unit of a column whose name does not carry one
+(``units``); rates in ``B/s`` are shown in B/s … TB/s.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ TRANSPOSE_MAX = 8
 _TIME = {"ns": 1.0, "us": 1e3, "ms": 1e6}
 _TIME_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
 _BYTE_UNITS = ((1 << 30, "GB"), (1 << 20, "MB"), (1 << 10, "KB"), (1, "B"))
+_RATE_UNITS = ((1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s"), (1e3, "KB/s"), (1.0, "B/s"))
 _SHARE = {"fraction", "ratio", "utilization"}
 _PERCENT = {"pct", "percentage"}
 
@@ -83,9 +85,13 @@ def _plain(v: Any) -> str:
 class Column:
     """How one column is shown: its header and a formatter, from its name and values."""
 
-    def __init__(self, name: str, values: list[Any]) -> None:
+    def __init__(self, name: str, values: list[Any], unit: str | None = None) -> None:
         self.name = name
         tokens = name.split("_")
+        if unit == "%":
+            tokens.append("pct")
+        elif unit in (*_TIME, "bytes"):
+            tokens.append(unit)
         nums = [float(v) for v in values if _is_number(v)]
         self.numeric = bool(nums) and len(nums) == sum(not _missing(v) for v in values)
         self.scale, self.unit = 1.0, ""
@@ -99,6 +105,10 @@ class Column:
             self.scale, self.unit = next((s, u) for s, u in _TIME_UNITS if top * base >= s
                                          or u == "ns")  # fmt: skip
             self.scale /= base
+            self.format = self._scaled
+        elif self.numeric and unit == "B/s":
+            self.scale, self.unit = next((s, u) for s, u in _RATE_UNITS if top >= s
+                                         or u == "B/s")  # fmt: skip
             self.format = self._scaled
         elif self.numeric and "bytes" in tokens:
             self.scale, self.unit = next((float(s), u) for s, u in _BYTE_UNITS if top >= s
@@ -116,7 +126,12 @@ class Column:
         self.blank = all(_missing(v) for v in values) or bool(self.unit and top == 0)
 
     def _scaled(self, v: Any) -> str:
-        return "-" if _missing(v) else _number(float(v) / self.scale)
+        if _missing(v):
+            return "-"
+        x = float(v) / self.scale
+        if self.unit == "%":  # a share reads best with a fixed, short precision
+            return "0" if x == 0 else f"{x:.1f}" if abs(x) >= 1 else f"{x:.2f}"
+        return _number(x)
 
 
 def _is_number(v: Any) -> bool:
@@ -162,15 +177,17 @@ def _fit(natural: list[int], least: list[int], budget: int) -> list[int]:
 
 
 def _records(
-    title: str, cols: list[str], rows: list[list[Any]], width: int
-) -> tuple[RichTable, list[str], list[str]]:
+    title: str, cols: list[str], rows: list[list[Any]], width: int,
+    units: dict[str, str] | None = None,
+) -> tuple[RichTable, list[str], list[str]]:  # fmt: skip
     """One row per record, fitted to the terminal's ``width``: numbers never wrap, headers
     and short texts wrap at spaces, long texts (kernel names) keep one line each, cut short.
     Left out, and returned to be named: columns empty in every row shown, or measures (times,
     bytes, shares) that are 0 in every row shown,
     and the rightmost columns when even the least widths do not fit (--json has them all).
     """
-    spec = [Column(c, [r[i] for r in rows]) for i, c in enumerate(cols)]
+    units = units or {}
+    spec = [Column(c, [r[i] for r in rows], units.get(c)) for i, c in enumerate(cols)]
     keep = [i for i, c in enumerate(spec) if not c.blank] or list(range(len(spec)))
     cells = {i: [spec[i].format(r[i]) for r in rows] for i in keep}
     # a column that repeats the one before it (same header, same cells) is shown once
@@ -203,8 +220,9 @@ def _records(
 
 
 def _transposed(
-    title: str, cols: list[str], rows: list[list[Any]], label: str | None, width: int
-) -> list[RichTable]:
+    title: str, cols: list[str], rows: list[list[Any]], label: str | None, width: int,
+    units: dict[str, str] | None = None,
+) -> list[RichTable]:  # fmt: skip
     """One column per record, named by its ``label`` value ("rank 0"; "value" without one);
     records that do not fit the width side by side go on into further tables."""
     key = cols.index(label) if label in cols else None
@@ -213,7 +231,7 @@ def _transposed(
     lines = []
     for i, c in enumerate(cols):
         if i != key:
-            col = Column(c, [r[i] for r in rows])
+            col = Column(c, [r[i] for r in rows], (units or {}).get(c))
             lines.append((col.header, [col.format(r[i]) for r in rows]))
     head = max((len(h) for h, _ in lines), default=0)
     need = max([len(n) for n in names] + [_need(v, True) for _, vals in lines for v in vals])
@@ -263,10 +281,10 @@ def result(
         if p.layout == "paragraphs":
             out.print(_paragraphs(title, cols, rows, p.lines), highlight=False)
         elif p.layout == "transpose" and n <= TRANSPOSE_MAX:
-            for t in _transposed(title, cols, rows, p.label, out.width):
+            for t in _transposed(title, cols, rows, p.label, out.width, dict(p.units)):
                 out.print(t)
         else:
-            table, blank, narrow = _records(title, cols, rows, out.width)
+            table, blank, narrow = _records(title, cols, rows, out.width, dict(p.units))
             out.print(table)
         if len(rows) < n:
             out.print(f"({n:,} rows, first {len(rows)} shown; {escape(more)})")
