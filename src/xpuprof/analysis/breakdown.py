@@ -1,58 +1,12 @@
-"""How the device spends its time: HTA's temporal breakdown, kernel-type breakdown and
-communication/computation overlap.
+"""How the device spends its time: HTA's temporal breakdown (span, idle, compute, non-compute
+per rank), kernel-type breakdown (time during which exactly a set of kernel types runs, and
+per-kernel statistics) and communication/computation overlap.
 
-Definitions (Holistic Trace Analysis 0.5.0, ``hta/analyzers/breakdown_analysis.py`` and
-``hta/analyzers/communication_analysis.py``; the kernel types of ``hta/utils/utils.py``):
-
-* **temporal breakdown** per rank (``BreakdownAnalysis.get_temporal_breakdown``): the *span*
-  runs from the start of the first to the end of the last device event; *idle* = span − union
-  of all device events (overlapping kernels count once); *compute* = union of COMPUTATION
-  kernels; *non-compute* = span − idle − compute (communication, memcpy and memset time that
-  no compute kernel covers). Percentages are of the span.
-* **kernel-type breakdown** (``get_gpu_kernel_breakdown``): over all selected ranks, the time
-  during which exactly a given set of kernel types runs ("COMPUTATION", "COMPUTATION
-  overlapping COMMUNICATION", …; ``_get_gpu_kernel_type_time``), each type's intervals merged
-  first, and its percentage of the total; plus per rank, type and kernel name: count, sum,
-  mean, min, max, standard deviation.
-* **comm/compute overlap** per rank (``CommunicationAnalysis.get_comm_comp_overlap``): time
-  during which a communication and a computation kernel run at once ÷ union of communication
-  time.
-
-Steps: every step by default, like every tool; ``steps="drop-last"`` (or ``hta_compatible``
-with ``steps=None``) is HTA's default of leaving out the last, usually incomplete, step
-(``TraceAnalysis(include_last_profiler_step=False)``); step numbers select steps. How each
-is applied to device work is in :mod:`xpuprof.analysis.device`.
-
-What we do differently, by design (``hta_compatible=True`` reproduces HTA instead, see
-:mod:`xpuprof.analysis.hta`):
-
-* times are the exact integer nanoseconds of the source. HTA parses microsecond floats and,
-  when a file has any fractional timestamp, rounds every event inward to whole microseconds
-  (``trace_parser.round_down_time_stamps``: start up, end down), which gives sub-µs events a
-  duration of 0 or −1 µs and shifts every interval by up to 1 µs;
-* device work is what the schema calls device work: levels ``kernel``, ``collective``,
-  ``memcpy``, ``memset``. HTA takes every event whose args carry a ``stream`` other than −1:
-  that adds ``cuda_sync`` waits (typed OTHER, but counted as busy time in the temporal
-  breakdown), host ops that record a stream (a Triton ``cpu_op`` with ``"stream": 0``), and
-  HIP runtime calls with a ``stream`` arg; it leaves out device events without one
-  (``cuda_profiler_range`` kernels with hardware counters, so HTA's temporal breakdown fails
-  on such a trace);
-* kernel types come from levels (:func:`xpuprof.analysis.common.kernel_type`, MTIA's
-  ``dma*`` transfers as MEMORY); HTA matches names (``^nccl.*Kernel`` communication,
-  ``^Memcpy|^Memset|^dma`` memory, names containing ``Sync`` OTHER). They agree on every real
-  trace we have except for the events above;
-* HTA decides whether to drop the last step once for all ranks (when the trace holds at
-  least two distinct ``ProfilerStep#N`` names) and drops device work that no host call of a
-  kept step launched (no correlation); we decide per rank and keep uncorrelated work launched
-  (started) before the last step;
-* HTA's per-kernel table, once a type has more than ``num_kernels`` names, replaces each kept
-  kernel's max/min/mean/std by statistics of the per-name *sums* (``_aggr_gpu_kernel_time``
-  aggregates the already-aggregated table); ours are statistics of the kernels themselves.
-
-``hta_compatible`` also takes a collection of :data:`QUIRKS` names, switching on only those of
-HTA's behaviours; ``tests/test_breakdown.py`` uses that to show, for every shared trace where
-our default and HTA disagree by more than 1 %, which behaviour accounts for the difference.
-Every function here returns a :class:`~xpuprof.core.result.Result` (notes in ``notes``).
+Every step by default, like every tool; ``steps="drop-last"`` (or ``hta_compatible`` with no
+``steps``) leaves out the last step as HTA does by default. Times are exact nanoseconds and
+device work is what the schema calls device work; ``hta_compatible=True`` (or a set of
+:data:`~xpuprof.analysis.device.QUIRKS`) reproduces HTA's own selection and rounding instead.
+The definitions, and each difference from HTA with its reason: ``docs/breakdown.md``.
 """
 
 from __future__ import annotations

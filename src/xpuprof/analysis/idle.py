@@ -1,48 +1,12 @@
-"""Idle time of each device stream and why: host wait, kernel wait, other; plus kernel launch
-delays, short kernels and the launch queue length.
+"""Idle time of each device stream and why (host wait, kernel wait, other), kernel launch
+delays, short kernels and the launch queue length, as Holistic Trace Analysis 0.5.0 defines
+them (kernel wait below 30 µs, runtime outliers above 50 µs, launch delays above 100 µs, the
+launch-queue limit of 1024).
 
-Definitions (Holistic Trace Analysis 0.5.0):
-
-* **idle-time breakdown** per stream (``BreakdownAnalysis._analyze_idle_time_for_stream``):
-  device events of one stream in start order; the gap before an event (its start − the end of
-  the one before) is **host_wait** when the runtime call that launched it started after that
-  end (the host had not enqueued it yet), else **kernel_wait** when the gap is shorter than
-  ``kernel_wait_ns``, else **other** (e.g. waiting on an event from another stream).
-  HTA's ``consecutive_kernel_delay`` defaults to 30 and its docstring says nanoseconds, but HTA
-  compares it with trace times in microseconds, so the threshold it applies is 30 µs; that is
-  our default (``kernel_wait_ns=30_000``).
-* **launch delay** (``CudaKernelAnalysis.cuda_kernel_launch_stats``): kernel start − end of the
-  runtime call that launched it (same correlation id), clipped at 0 as HTA does; with the
-  thresholds of HTA's plots: a runtime call is an outlier above ``runtime_cutoff_ns`` (50 µs),
-  a launch delay above ``launch_delay_cutoff_ns`` (100 µs), and a **short kernel** is one that
-  runs for less time than its launch call took, the call being at most 50 µs.
-* **queue length** (``TraceCounters._get_queue_length_time_series_for_rank``): per stream, +1
-  when a runtime call that launches work on it starts, −1 when that work starts; summarised
-  per stream as HTA's ``get_queue_length_summary`` (count, mean, std, min, quartiles, max over
-  the change points), plus the time-weighted mean and the time at CUDA's launch-queue limit
-  (1024, ``hta/common/constants.py``).
-
-Steps: every step by default, like every tool; ``steps="drop-last"`` (or ``hta_compatible``
-with ``steps=None``) leaves out the last step as HTA does by default; the selection of device
-work is :func:`xpuprof.analysis.device.device_work`, shared with the breakdown.
-
-Differences from HTA by design (``hta_compatible=True`` reproduces HTA; the names in
-brackets are its :data:`~xpuprof.analysis.device.QUIRKS`):
-
-* times are exact ns (HTA rounds them to µs, [round_us]), and every device level counts (HTA
-  takes events with a stream arg, leaving out ``cuda_profiler_range``, [stream_arg]);
-* gaps are measured from the latest end so far on the stream; HTA uses the previous event's
-  end, which gives negative "idle" after overlapping events (after its rounding) [prev_end];
-* a kernel whose launch call is not in the trace (launched before the capture began) has no
-  host_wait; HTA gives it the file's first event as launch (``index_correlation`` 0), whose
-  start usually lies after the previous kernel's end, so HTA calls the gap host_wait
-  [launch_lookup];
-* a launch is any runtime call with the event's correlation id; HTA lists cudaLaunchKernel,
-  cudaLaunchKernelExC, cudaMemcpyAsync, cudaMemsetAsync and MTIA's runFunction for launch
-  delays (so none on ROCm or for Triton's cuLaunchKernel), and adds cuLaunchKernel and the
-  HIP calls for queue length [launch_names];
-* at equal times a launch is counted before the work it launches; HTA leaves equal times in
-  whatever order pandas' quicksort gives [sort_ties].
+Every step by default, like every tool; ``steps="drop-last"`` (or ``hta_compatible`` with no
+``steps``) leaves out the last step as HTA does by default. The device work is
+:func:`xpuprof.analysis.device.device_work`, shared with the breakdown. The definitions, and
+each difference from HTA with its reason: ``docs/breakdown.md``.
 """
 
 from __future__ import annotations
