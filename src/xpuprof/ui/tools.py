@@ -178,12 +178,7 @@ def store_info(trace: Trace) -> dict[str, Any]:
         dist = raw.get("distributedInfo")
         sources.append(
             {
-                "path": s["path"],
-                "part": s["part"],
-                "rank": s["rank"],
-                "rank_from": s.get("rank_from"),
-                "host": s.get("host"),
-                "format": s.get("format"),
+                **{k: v for k, v in meta.items() if k != "meta"},  # path, part, rank, host…
                 "size": s["size"],
                 "events_read": s["read"]["total"],
                 "read": s["read"],
