@@ -166,3 +166,23 @@ def test_moved_modules_still_import_under_their_old_names() -> None:
     from xpuprof.session import profile  # the spelling of earlier scripts
 
     assert profile is importlib.import_module("xpuprof.live.profile").profile
+
+
+def test_every_tool_follows_the_tool_convention() -> None:
+    """``tool(trace, *, ranks=None, steps=None, **options)``: what ``ui/tools.py`` lists as
+    taking ranks and steps takes them keyword-only, defaulting to every rank and step, and
+    every option the list declares is a keyword of the function (docs/architecture.md)."""
+    import inspect
+
+    from xpuprof.ui.tools import TOOLS
+
+    for tool in TOOLS:
+        params = inspect.signature(tool.function()).parameters
+        positional = [p for p in params.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+        assert len(positional) == tool.inputs, (tool.name, positional)
+        for name in tool.keywords():
+            assert name in params, (tool.name, name)
+            assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, (tool.name, name)
+        for name in ("ranks", "steps"):
+            if name in tool.common:
+                assert params[name].default is None, (tool.name, name)
