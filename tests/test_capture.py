@@ -281,3 +281,46 @@ def test_no_op_straddles_the_end_of_its_layer_span(op_capture) -> None:
         "where o.level = 'op'"
     ).n[0]
     assert inside > 1000 and n == 0
+
+
+def test_capture_cut_into_profiler_segments_holds_every_step_whole(tmp_path) -> None:
+    """A remote capture restarts torch's profiler every few steps so that stopping it stays
+    cheap (``capture/torch.py``); merged, the segments must hold what one recording would:
+    each step with every op and forward-backward link that torch's own profiler records for
+    one step of this model (read from its trace with ``json``), with flow ids still unique."""
+    import json
+
+    from torch.autograd.profiler import profile
+
+    trainer = Trainer(layers=1, d=64, seq=32)
+    for _ in range(2):  # the optimizer's state exists from here on: every step does the same
+        trainer.step()
+    with profile(use_kineto=True) as ref:
+        trainer.step()
+    ref.export_chrome_trace(str(tmp_path / "one.json"))
+    events = json.loads((tmp_path / "one.json").read_text())["traceEvents"]
+    ops = sum(1 for e in events if e.get("cat") == "cpu_op")
+    links = sum(1 for e in events if e.get("cat") == "fwdbwd" and e.get("ph") == "f")
+    assert ops > 500 and links > 20
+    # a budget of 1 ns: the profiler is restarted at every step
+    with xpuprof.profile(tmp_path / "s", level="op", segment_ms=1e-6, telemetry=False) as prof:
+        for i in range(4):
+            xpuprof.step(i)
+            trainer.step()
+    with prof.trace() as trace:
+        assert trace.meta["sources"][0]["meta"]["xpuprof_capture"]["torch_segments"] == 4
+        per_step = trace.sql(
+            "select step, count(*) n from events where category = 'cpu_op' group by step "
+            "order by step"
+        )
+        assert list(per_step.step) == [0, 1, 2, 3] and set(per_step.n) == {ops}
+        linked = trace.sql(
+            "select e.step, count(*) n from links l join events e on e.id = l.dst "
+            "where l.kind = 'fwdbwd' group by e.step order by e.step"
+        )
+        assert list(linked.step) == [0, 1, 2, 3] and set(linked.n) == {links}
+        dup = trace.sql(
+            "select category, flow_id, phase, count(*) n from flows "
+            "group by all having count(*) > 1"
+        )
+        assert dup.empty

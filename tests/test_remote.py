@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import cli
+from remote_job import Job, start_job
 
 pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
 
@@ -30,102 +29,19 @@ import xpuprof  # noqa: E402
 #: job's ~70 steps/s on one core that is over a hundred steps per window.
 RATE_WINDOW_S = 2.0
 
-JOB = textwrap.dedent(
-    """
-    import os, sys, time
-    import torch
-    import xpuprof
-    from xpuprof.workloads.demo import Trainer
-
-    # one intra-op thread: on a 2-core machine shared with the test, OpenMP barriers of tiny
-    # ops would otherwise make the step rate swing by 10x and say nothing about the capture
-    torch.set_num_threads(1)
-
-    token, base, level, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-    # steps of ~15 ms: few enough events per captured second that the capture is read and
-    # written in about a second, and the step rate is steady
-    trainer = Trainer(layers=1, d=128, seq=64)
-    for _ in range(3):  # warm up before anyone measures the rate
-        trainer.step()
-    server = xpuprof.serve(0, token=token, level=level, model=trainer.model)
-    log = open(base + ".steps", "w")
-    stop, hold = base + ".stop", base + ".hold"
-    with open(base + ".url", "w") as f:
-        f.write(server.url)
-    end = time.time() + seconds
-    i = 0
-    while time.time() < end and not os.path.exists(stop):
-        while os.path.exists(hold):  # the test can hold the loop between two steps
-            time.sleep(0.005)
-        xpuprof.step(i)
-        trainer.step()
-        log.write(f"{i} {time.time_ns()}\\n")
-        log.flush()
-        i += 1
-    server.close()
-    """
-)
-
-
-@dataclass
-class Job:
-    """The running job: its server's URL and token, its step log, and the files the test uses
-    to stop it or to hold its loop between two steps."""
-
-    proc: subprocess.Popen
-    url: str
-    token: str
-    base: Path
-    #: When the loop last ran with nothing else asking anything of it (wall clock, seconds).
-    quiet_since: float
-
-    @property
-    def steps_file(self) -> Path:
-        return self.base.with_suffix(".steps")
-
-    @property
-    def hold_file(self) -> Path:
-        return self.base.with_suffix(".hold")
-
-    def stop(self) -> None:
-        self.base.with_suffix(".stop").write_text("")
-        self.hold_file.unlink(missing_ok=True)
-        try:
-            self.proc.wait(timeout=60)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Iterator[Job]:
     """One training job for the tests below (starting one, torch import included, is the
     slowest part of each): it runs until the module's tests are done."""
-    d = tmp_path_factory.mktemp("job")
-    script = d / "job.py"
-    script.write_text(JOB)
-    base = d / "job"
-    token = "t0ken-for-the-test"
-    proc = subprocess.Popen(
-        [sys.executable, str(script), token, str(base), "op", "120"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    url_file = base.with_suffix(".url")
-    deadline = time.time() + 60
-    while not url_file.exists() or not url_file.read_text():
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "the job did not start its server"
-        time.sleep(0.02)
-    job = Job(proc, url_file.read_text(), token, base, time.time())
+    job = start_job(tmp_path_factory.mktemp("job"), seconds=120)
     yield job
     job.stop()
 
 
-def steps_log(path: Path) -> list[tuple[int, int]]:
-    """(step, wall-clock ns when it was done) per logged step; a line the job is still writing
-    is left out."""
-    lines = path.read_text().split("\n")[:-1]  # the text after the last newline is unfinished
-    return [tuple(map(int, line.split())) for line in lines if line]
+def steps_log(job: Job) -> list[tuple[int, int]]:
+    """(step, wall-clock ns when it was done) per logged step."""
+    return [(s.n, s.done_ns) for s in job.steps()]
 
 
 def rate(log: list[tuple[int, int]], t0: float, t1: float) -> float:
@@ -148,7 +64,7 @@ def test_capture_a_running_loop_from_another_process(job: Job, tmp_path: Path) -
     doc = json.loads(out.stdout)
     time.sleep(0.5 + RATE_WINDOW_S)  # the loop runs on after the capture
     job.quiet_since = time.time()
-    log = steps_log(job.steps_file)
+    log = steps_log(job)
     with xpuprof.load(tmp_path / "cap") as trace:
         steps = trace.sql("select name, ts, dur from events where level = 'step' order by ts")
         base = trace.meta["sources"][0]["meta"].get("baseTimeNanoseconds") or 0
@@ -231,3 +147,44 @@ def test_port_in_use_is_a_clear_error() -> None:
             xpuprof.serve(server.port, token="y")
     finally:
         server.close()
+
+
+def test_server_closed_on_the_jobs_thread_ends_the_capture_with_what_it_recorded(tmp_path):
+    """A job that ends (``server.close()`` on its own thread) while a capture records will
+    never step again: the capture ends there, and its client gets the steps recorded so far."""
+    import threading
+
+    import torch
+
+    from xpuprof.workloads.demo import Trainer
+
+    trainer = Trainer(layers=1, d=32, seq=16)
+    server = xpuprof.serve(0, token="t", model=trainer.model, finish_nice=0)
+    outcome: list[str] = []
+
+    def ask() -> None:
+        try:
+            xpuprof.request_capture(server.url, tmp_path / "c", duration=60, token="t")
+            outcome.append("ok")
+        except xpuprof.XpuprofError as e:
+            outcome.append(str(e))
+
+    client = threading.Thread(target=ask)
+    client.start()
+    i, recorded, deadline = 0, 0, time.time() + 30
+    while recorded < 3:  # the loop runs until three steps are recorded
+        assert time.time() < deadline and client.is_alive(), outcome
+        xpuprof.step(i)
+        trainer.step()
+        recorded += server.state == "recording"
+        i += 1
+    t0 = time.time()
+    server.close()
+    took = time.time() - t0
+    client.join(timeout=60)
+    assert outcome == ["ok"] and took < 30  # not the 60 s asked for, nor close()'s 120 s wait
+    assert not torch.autograd._profiler_enabled() and server.state == "idle"
+    with xpuprof.load(tmp_path / "c") as trace:
+        names = trace.sql("select name from events where level = 'step' order by ts").name
+    numbers = [int(n.split("#")[1]) for n in names]
+    assert len(numbers) >= 3 and numbers == list(range(numbers[0], i))

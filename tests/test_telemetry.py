@@ -72,3 +72,24 @@ def test_without_nvml_says_why_and_samples_cpu_and_memory(monkeypatch) -> None:
     rss = psutil.Process().memory_info().rss
     assert all(0.5 * rss < s["rss_bytes"] < 2 * rss for s in got["memory"])
     assert all(0 <= s["system_percent"] <= 100 for s in got["cpu"])
+
+
+def test_request_stop_returns_at_once_and_stop_joins_the_sampler() -> None:
+    """The job's thread only asks the sampler to end (a capture's closing step must stay
+    short); whoever converts the samples joins it, and no sampler thread outlives a capture."""
+    import threading
+
+    def samplers() -> int:
+        return sum(t.name == "xpuprof-telemetry" for t in threading.enumerate())
+
+    before = samplers()
+    t = Telemetry(interval=0.05).start()
+    time.sleep(0.12)
+    assert samplers() == before + 1
+    t0 = time.perf_counter()
+    t.request_stop()
+    assert time.perf_counter() - t0 < 0.01
+    t.stop()
+    assert samplers() == before
+    got = samples_of(t)
+    assert len(got["memory"]) >= 2  # one at the start, one at the end at least

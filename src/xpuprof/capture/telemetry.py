@@ -114,10 +114,17 @@ class Telemetry:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Ask the sampler to end without waiting for it: the thread that runs the model does
+        this, and leaves the join (:meth:`stop`) to a thread that can afford to wait."""
+        self._stop.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End sampling and wait (at most ``timeout`` s: a sampler stuck in a system call is
+        a daemon thread and is left behind rather than blocking the caller)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
         if self._nvml is not None:
             try:
                 self._nvml.nvmlShutdown()

@@ -1,4 +1,5 @@
-"""PyTorch side of a capture: model-layer spans from module hooks, and the torch profiler.
+"""PyTorch side of a capture: model-layer spans from module hooks, and the torch profiler's
+lifecycle (:class:`TorchProfiler`: started, cut and stopped on the thread that runs the model).
 
 Why hooks: torch.profiler records aten ops and kernels but not which model layer ran them;
 XSP's across-stack view needs that level. A forward pre-hook and forward hook per module (and
@@ -14,9 +15,11 @@ to install when asked to profile PyTorch without it.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -55,6 +58,7 @@ class LayerSpans:
         self.backward = "off"
         self._clock: Any = time.perf_counter_ns
         self._converter: Any = None
+        self._pinned = False
         self._offset = 0
 
     # -- recording ---------------------------------------------------------------------------
@@ -165,7 +169,13 @@ class LayerSpans:
         self.active = True
 
     def stop(self) -> None:
+        """Record nothing more, and fix the clock conversion now, as torch fixes its own at
+        the profiler's stop, rather than when the spans are converted: that may be much later
+        (off the job's thread, after the profiler's trace has been read)."""
         self.active = False
+        if self._converter is not None and not self._pinned:
+            self._pinned = True
+            self._converter.to_unix_ns(self._clock())
 
     def to_raw(self, base_ns: int = 0, index_start: int = 0) -> dict[str, Any]:
         """Layer spans as raw ``X`` entries (category ``xpuprof_layer``)."""
@@ -196,3 +206,167 @@ class LayerSpans:
         events = pa.Table.from_pydict(cols, schema=RAW_SCHEMA)
         empty = RAW_SCHEMA.empty_table()
         return {"events": events, "flows": empty, "counters": empty, "metadata": empty}
+
+
+class TorchProfiler:
+    """torch.profiler's Kineto session for one capture, cut into segments at step boundaries.
+
+    Everything here runs on the thread that runs the model: torch's profiler state is local to
+    the thread that enabled it, so no other thread can stop it. Stopping it
+    (``_disable_profiler``) and exporting its trace hold the GIL for a time proportional to the
+    events recorded since it started (measured on the demo model: 150 ms and 95 ms for one
+    second of recording), so a capture recorded in one piece stalls the job that long at the
+    step that ends it, and holds every event in memory until then. With ``budget_ns`` the
+    session is restarted at a step boundary before stopping it would take longer than that
+    (estimated from the previous cut); each cut writes its segment's trace file and frees its
+    events, so the step that ends the capture pays for one short segment. ``budget_ns=None``
+    records in one piece (``xpuprof.profile``, where the caller waits for the store anyway).
+
+    Built on ``torch.autograd.profiler.profile`` rather than ``torch.profiler.profile``: the
+    latter keeps itself alive in a reference cycle (its action map holds bound methods) and
+    imports ``torch._inductor`` on start (1.3 s on the job's thread).
+    """
+
+    #: Most steps in one segment, however cheap the steps are to stop.
+    MAX_SEGMENT_STEPS = 256
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        budget_ns: int | None = None,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.record_shapes = record_shapes
+        self.profile_memory = profile_memory
+        self.with_stack = with_stack
+        self.budget_ns = budget_ns
+        #: The segments' trace files, in order.
+        self.files: list[Path] = []
+        #: Cost of each cut (stop + export of a segment), ns: the job's stall at that step.
+        self.cut_ns: list[int] = []
+        #: Why recording ended early (a restart failed), or "".
+        self.error = ""
+        self._prof: Any = None
+        self._span: Any = None
+        self._device: str | None = None
+        self._steps = 0  # steps begun in the open segment
+        self._per_step_ns = 0  # the last segment's stop cost per step
+
+    def start(self) -> str:
+        """Start recording; returns what records (for the store's meta)."""
+        torch = require_torch()
+        self._device = "cuda" if torch.cuda.is_available() else None
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._begin()
+        return f"torch.profiler {torch.__version__} CPU" + ("+CUDA" if self._device else "")
+
+    @property
+    def recording(self) -> bool:
+        return self._prof is not None
+
+    def step(self, number: int | None) -> None:
+        """A step boundary: close the open ``ProfilerStep#N`` span (named as torch.profiler
+        names them, opened where the user marks a step), cut the segment if the next step
+        would make it too costly to stop, and open step ``number``'s span (None: none)."""
+        self._close_span()
+        if self._prof is None:
+            return
+        if self._should_cut():
+            try:
+                self._end(save=True)
+                self._begin()
+            except Exception as e:  # the job's step must go on: the capture ends here
+                self.error = f"restarting torch.profiler failed: {type(e).__name__}: {e}"
+                self.abandon()
+                return
+        if number is not None:
+            from torch.autograd.profiler import record_function
+
+            self._span = record_function(f"ProfilerStep#{number}")
+            self._span.__enter__()
+            self._steps += 1
+
+    def stop(self) -> list[Path]:
+        """Stop recording and write the last segment; returns every segment's file."""
+        self._close_span()
+        self._end(save=True)
+        return list(self.files)
+
+    def abandon(self) -> None:
+        """Stop recording and keep nothing more (the segments already written stay in
+        ``files``); never raises."""
+        self._span = None
+        p, self._prof = self._prof, None
+        if p is not None:
+            try:
+                p.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - it may never have started; nothing to keep
+                pass
+            p.kineto_results = None
+
+    # -- segments ----------------------------------------------------------------------------
+
+    def _should_cut(self) -> bool:
+        if self.budget_ns is None or self._steps == 0:
+            return False
+        if self._steps >= self.MAX_SEGMENT_STEPS or not self._per_step_ns:
+            return True  # the first segment holds one step: it measures what a step costs
+        return (self._steps + 1) * self._per_step_ns > self.budget_ns
+
+    def _begin(self) -> None:
+        from torch.autograd.profiler import profile
+
+        p = profile(
+            use_kineto=True,
+            use_device=self._device,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+        )
+        p.__enter__()
+        self._prof = p
+        self._steps = 0
+        _add_distributed_info()
+
+    def _end(self, save: bool) -> None:
+        p, self._prof = self._prof, None
+        if p is None:
+            return
+        t0 = time.perf_counter_ns()
+        try:
+            p.__exit__(None, None, None)
+            if save:
+                path = self.workdir / f"segment{len(self.files):05d}.pt.trace.json"
+                p.export_chrome_trace(str(path))
+                self.files.append(path)
+        finally:
+            p.kineto_results = None  # the segment's events: freed now, not at a later GC
+        cost = time.perf_counter_ns() - t0
+        self.cut_ns.append(cost)
+        if self._steps:
+            self._per_step_ns = cost // self._steps
+
+    def _close_span(self) -> None:
+        span, self._span = self._span, None
+        if span is not None:
+            span.__exit__(None, None, None)
+
+
+def _add_distributed_info() -> None:
+    """The job's rank and world in the segment's trace, as torch.profiler writes them (the
+    importer takes the rank from there)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    info = {
+        "backend": dist.get_backend(),
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+    }
+    torch.autograd._add_metadata_json("distributedInfo", json.dumps(info))

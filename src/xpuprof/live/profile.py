@@ -25,8 +25,10 @@ op nests inside the layer span that ran it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from xpuprof.core.errors import XpuprofError
+from xpuprof.live.assemble import Halted, finish
 
 CAPTURE_LEVELS = ("step", "layer", "op", "full")
 
@@ -44,10 +47,18 @@ _REMOTE: Any = None
 
 
 def set_pending_request(request: Any) -> None:
-    """Install the on-demand capture request that the next ``xpuprof.step()`` serves (its
-    ``on_step()`` is called there, on the job's thread), or clear it with None."""
+    """Install the on-demand capture request that ``xpuprof.step()`` serves (its
+    ``on_step()`` is called there, on the job's thread, until it is cleared), or clear it with
+    None."""
     global _REMOTE
     _REMOTE = request
+
+
+def clear_pending_request(request: Any) -> None:
+    """Clear ``request`` if it is still the one installed (never a newer one)."""
+    global _REMOTE
+    if _REMOTE is request:
+        _REMOTE = None
 
 
 def step(n: int | None = None) -> Any:
@@ -57,8 +68,9 @@ def step(n: int | None = None) -> Any:
     ``ProfilerStep#N`` spans); otherwise it is ``annotate.step`` (one flag check when nothing is
     recording). Usable as ``with xpuprof.step(i):`` too.
     """
-    if _REMOTE is not None:
-        _REMOTE.on_step()
+    remote = _REMOTE  # read once: another thread may clear it meanwhile
+    if remote is not None:
+        remote.on_step()
     if _ACTIVE is not None:
         return _ACTIVE.step(n)
     from xpuprof.capture import annotate
@@ -72,6 +84,12 @@ class Profile:
     ``steps``/``warmup``: with ``steps`` set, recording starts after ``warmup`` calls of
     :meth:`step` (or ``xpuprof.step``) and stops after ``steps`` more, so a long loop can be
     wrapped whole. Without it, everything inside the ``with`` block is recorded.
+
+    ``workdir``: where the framework's trace files go while recording (a temporary folder,
+    removed afterwards, by default; a given one is the caller's to remove). ``segment_ms``:
+    restart torch's profiler at step boundaries so that stopping it never stalls the job much
+    longer than this (:class:`~xpuprof.capture.torch.TorchProfiler`; the remote capture uses
+    it); None records in one piece.
     """
 
     def __init__(
@@ -90,6 +108,8 @@ class Profile:
         verbosity: int = 1,
         max_records: int = 1_000_000,
         backward_layers: bool = False,
+        workdir: str | Path | None = None,
+        segment_ms: float | None = None,
     ) -> None:
         if level not in CAPTURE_LEVELS:
             raise XpuprofError(f"unknown capture level {level!r}; levels: {CAPTURE_LEVELS}")
@@ -112,17 +132,20 @@ class Profile:
         # 13 % on the demo model's step (forward spans alone: 1.2 %), so they are opt-in.
         # Without them backward ops still reach their layer through forward->backward links.
         self.backward_layers = backward_layers
+        self.workdir = Path(workdir) if workdir is not None else None
+        self.segment_ms = segment_ms
         self.report: Any = None
         self._step = 0
         self._recording = False
         self._done = False
         self._layers: Any = None
-        self._torch_prof: Any = None
+        self._torch: Any = None
         self._jax_dir: Path | None = None
         self._telemetry: Any = None
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._annotating = False
+        self._work: Path | None = None
+        self._own_work = False
         self._settings: dict[str, Any] = {}
-        self._step_span: Any = None
 
     # -- which framework ---------------------------------------------------------------------
 
@@ -140,8 +163,7 @@ class Profile:
     # -- recording ---------------------------------------------------------------------------
 
     def _start(self) -> None:
-        from xpuprof.capture import annotate
-
+        """Start every recorder; if one fails, the ones already started are released."""
         fw = self._framework()
         self._settings = {
             "level": self.level,
@@ -153,6 +175,25 @@ class Profile:
             "with_stack": self.with_stack,
             "started_unix_ns": time.time_ns(),
         }
+        if self.workdir is not None:
+            self._work, self._own_work = self.workdir, False
+            self._work.mkdir(parents=True, exist_ok=True)
+        else:
+            self._work, self._own_work = Path(tempfile.mkdtemp(prefix="xpuprof-capture-")), True
+        try:
+            self._start_recorders(fw)
+        except BaseException:
+            if self._torch is not None:
+                self._torch.abandon()
+            self._release()
+            if self._own_work:
+                shutil.rmtree(self._work, ignore_errors=True)
+            raise
+        self._recording = True
+
+    def _start_recorders(self, fw: str) -> None:
+        from xpuprof.capture import annotate
+
         if self.level in ("layer", "op", "full") and self.model is not None and fw == "torch":
             from xpuprof.capture.torch import LayerSpans
 
@@ -166,6 +207,7 @@ class Profile:
 
             self._telemetry = Telemetry().start()
         annotate.start(verbosity=self.verbosity, max_records=self.max_records)
+        self._annotating = True
         if self.level in ("op", "full"):
             if fw == "torch":
                 self._start_torch()
@@ -173,33 +215,27 @@ class Profile:
                 self._start_jax()
             else:
                 self._settings["profiler"] = "none: neither torch nor jax is in use"
-        self._recording = True
 
     def _start_torch(self) -> None:
-        from xpuprof.capture.torch import require_torch
+        from xpuprof.capture.torch import TorchProfiler
 
-        torch = require_torch()
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        self._torch_prof = profile(
-            activities=activities,
+        assert self._work is not None
+        budget = None if self.segment_ms is None else int(self.segment_ms * 1e6)
+        self._torch = TorchProfiler(
+            self._work / "torch",
             record_shapes=self.record_shapes,
             profile_memory=self.profile_memory,
             with_stack=self.with_stack,
+            budget_ns=budget,
         )
-        self._torch_prof.start()
-        self._settings["profiler"] = f"torch.profiler {torch.__version__} " + "+".join(
-            a.name for a in activities
-        )
+        self._settings["profiler"] = self._torch.start()
 
     def _start_jax(self) -> None:
         from xpuprof.capture.jax import start_jax
 
-        self._tmp = tempfile.TemporaryDirectory(prefix="xpuprof-jax-")
-        self._jax_dir = Path(self._tmp.name)
+        assert self._work is not None
+        self._jax_dir = self._work / "jax"
+        self._jax_dir.mkdir()
         # jax's Python tracer would record every Python call of every thread (our telemetry
         # sampler included): only at level "full"
         self._settings["profiler"] = start_jax(self._jax_dir, python_tracer=self.level == "full")
@@ -219,59 +255,114 @@ class Profile:
 
     def halt(self) -> Halted:
         """Stop every recorder now without writing anything, and detach this capture from
-        ``xpuprof.step``: a remote capture does this on the job's thread and leaves
-        :func:`finish` to another process."""
+        ``xpuprof.step``: a remote capture does this on the job's thread and leaves the rest
+        (:meth:`Halted.prepare`, :func:`finish`) to other threads and processes."""
+        self._detach()
+        return self._halt()
+
+    def abandon(self) -> None:
+        """Stop every recorder, keep nothing, and detach from ``xpuprof.step``: what a remote
+        capture does on the job's thread when its client is gone or the job stopped stepping
+        for too long. Never raises."""
+        self._detach()
+        self._recording = False
+        if self._torch is not None:
+            with contextlib.suppress(Exception):
+                self._torch.abandon()
+        if self._jax_dir is not None:
+            from xpuprof.capture.jax import stop_jax_files
+
+            with contextlib.suppress(Exception):
+                stop_jax_files(self._jax_dir)
+        self._release()
+        if self._telemetry is not None:
+            self._telemetry.request_stop()
+        if self._own_work and self._work is not None:
+            shutil.rmtree(self._work, ignore_errors=True)
+
+    def quiesce(self) -> None:
+        """From any thread: stop the recorders that need not wait for the job's thread
+        (layer spans record nothing more, the telemetry sampler ends); the framework profiler
+        and the hooks themselves are released by :meth:`abandon` on the job's thread."""
+        if self._layers is not None:
+            self._layers.stop()
+        if self._telemetry is not None:
+            self._telemetry.request_stop()
+
+    def _detach(self) -> None:
         global _ACTIVE
         if _ACTIVE is self:
             _ACTIVE = None
-        return self._halt()
 
-    def _halt(self) -> Halted:
-        """Stop every recorder, quickly: what remains (reading the framework's trace,
-        normalising, writing Parquet) is :func:`finish`'s, which a remote capture runs in
-        another process so the job is not slowed after the capture window."""
+    def _release(self) -> None:
+        """Let go of the recorders that any thread may stop: annotations, layer hooks,
+        telemetry (asked to stop; joined by whoever prepares the tables). Never raises."""
         from xpuprof.capture import annotate
 
+        if self._annotating:
+            self._annotating = False
+            with contextlib.suppress(Exception):
+                annotate.stop()
+        if self._layers is not None:
+            self._layers.stop()
+            with contextlib.suppress(Exception):
+                self._layers.remove()
+        if self._telemetry is not None:
+            self._telemetry.request_stop()
+
+    def _halt(self) -> Halted:
+        """Stop every recorder, quickly (this runs on the job's thread, at the step that ends
+        the capture): converting what they hold into tables is :meth:`Halted.prepare`'s, and
+        reading the framework's trace, normalising and writing Parquet :func:`finish`'s."""
+        from xpuprof.capture import annotate
+
+        assert self._work is not None
         self._recording = False
-        work = Path(tempfile.mkdtemp(prefix="xpuprof-halt-"))
-        framework_trace: Path | None = None
+        framework_traces: list[Path] = []
         framework = "none"
         try:
-            if self._torch_prof is not None:
-                self._torch_step(None)
-                self._torch_prof.stop()
-                framework_trace = work / "torch.trace.json"
-                self._torch_prof.export_chrome_trace(str(framework_trace))
+            if self._torch is not None:
+                framework_traces = self._torch.stop()
                 framework = "torch"
             elif self._jax_dir is not None:
                 from xpuprof.capture.jax import stop_jax_files
 
-                files = stop_jax_files(self._jax_dir)
-                framework_trace = files[0] if files else None
+                framework_traces = stop_jax_files(self._jax_dir)[:1]
                 framework = "jax"
-        finally:
+        except BaseException:
+            self.abandon()
+            raise
+        collected = None
+        if self._annotating:
+            self._annotating = False
             collected = annotate.stop()
-            if self._layers is not None:
-                self._layers.stop()
-                self._layers.remove()
-            if self._telemetry is not None:
-                self._telemetry.stop()
-        extras = [collected.to_raw(base_ns=0, index_start=0, names=framework == "none")]
-        for source in (self._layers, self._telemetry):
-            if source is not None:
-                extras.append(source.to_raw(base_ns=0, index_start=0))
+        self._release()
         settings = {
             **self._settings,
             "stopped_unix_ns": time.time_ns(),
-            "annotations_dropped": collected.dropped,
-            "clock_offset_ns": collected.offset_ns,
-            "clock_offset_error_ns": collected.offset_err_ns,
             "layer_spans_dropped": self._layers.dropped if self._layers is not None else 0,
             "telemetry": self._telemetry.status if self._telemetry is not None else {},
             "pid": os.getpid(),
             "host_name": os.uname().nodename if hasattr(os, "uname") else None,
         }
-        return Halted(work, framework, framework_trace, extras, settings, self._tmp)
+        if collected is not None:
+            settings.update(
+                annotations_dropped=collected.dropped,
+                clock_offset_ns=collected.offset_ns,
+                clock_offset_error_ns=collected.offset_err_ns,
+            )
+        if self._torch is not None:
+            cuts = self._torch.cut_ns
+            settings.update(torch_segments=len(cuts), torch_cut_max_ns=max(cuts, default=0))
+            if self._torch.error:
+                settings["torch_error"] = self._torch.error
+        sources = [
+            s for s in (collected, self._layers, self._telemetry) if s is not None
+        ]  # fmt: skip
+        return Halted(
+            self._work, framework, framework_traces, None, settings,
+            sources=sources, names=framework == "none", owned=self._own_work,
+        )  # fmt: skip
 
     # -- the user's side ---------------------------------------------------------------------
 
@@ -288,24 +379,11 @@ class Profile:
                 return annotate.step(None)
         if self._recording:
             number = self._step - 1 if n is None else n
-            if self._torch_prof is not None:
-                self._torch_step(number)
+            if self._torch is not None:
+                self._torch.step(number)
                 return annotate.step(None)
             return annotate.step(number)
         return annotate.step(None)
-
-    def _torch_step(self, number: int | None) -> None:
-        """Step spans inside torch's own trace, named as torch.profiler names them
-        (``ProfilerStep#N``), opened where the user marks a step rather than at profiler start
-        (which is where ``profile.step()`` would put an empty first one)."""
-        if self._step_span is not None:
-            self._step_span.__exit__(None, None, None)
-            self._step_span = None
-        if number is not None:
-            from torch.autograd.profiler import record_function
-
-            self._step_span = record_function(f"ProfilerStep#{number}")
-            self._step_span.__enter__()
 
     def __enter__(self) -> Profile:
         global _ACTIVE
@@ -343,6 +421,8 @@ class Profile:
                 verbosity=self.verbosity,
                 max_records=self.max_records,
                 backward_layers=self.backward_layers,
+                workdir=self.workdir,
+                segment_ms=self.segment_ms,
             ):
                 return fn(*args, **kwargs)
 
@@ -355,132 +435,6 @@ class Profile:
         if not self._done:
             raise XpuprofError("the capture has not finished yet")
         return Trace(self.out)
-
-
-class Halted:
-    """A stopped capture not yet written: the framework's own trace file and our spans and
-    samples as raw tables (times in Unix ns, indexes from 0: :func:`finish` shifts them)."""
-
-    def __init__(
-        self,
-        workdir: Path,
-        framework: str,
-        framework_trace: Path | None,
-        extras: list[dict[str, Any]],
-        settings: dict[str, Any],
-        owned_tmp: Any = None,
-    ) -> None:
-        self.workdir = workdir
-        self.framework = framework
-        self.framework_trace = framework_trace
-        self.extras = extras
-        self.settings = settings
-        self._owned_tmp = owned_tmp
-
-    def save(self) -> Path:
-        """Write the raw tables next to the framework trace, so another process can finish."""
-        import json
-
-        import pyarrow as pa
-
-        for i, tables in enumerate(self.extras):
-            for kind, t in tables.items():
-                with pa.OSFile(str(self.workdir / f"extra{i}.{kind}.arrow"), "wb") as f:
-                    with pa.ipc.new_file(f, t.schema) as w:
-                        w.write_table(t)
-        (self.workdir / "halted.json").write_text(
-            json.dumps(
-                {
-                    "framework": self.framework,
-                    "framework_trace": str(self.framework_trace) if self.framework_trace else None,
-                    "extras": len(self.extras),
-                    "settings": self.settings,
-                },
-                default=str,
-            )
-        )
-        return self.workdir
-
-    @classmethod
-    def load(cls, workdir: Path) -> Halted:
-        import json
-
-        import pyarrow as pa
-
-        from xpuprof.core.raw import KINDS
-
-        doc = json.loads((workdir / "halted.json").read_text())
-        extras = []
-        for i in range(doc["extras"]):
-            tables = {}
-            for kind in KINDS:
-                with pa.memory_map(str(workdir / f"extra{i}.{kind}.arrow")) as f:
-                    tables[kind] = pa.ipc.open_file(f).read_all()
-            extras.append(tables)
-        ft = doc["framework_trace"]
-        return cls(workdir, doc["framework"], Path(ft) if ft else None, extras, doc["settings"])
-
-    def cleanup(self) -> None:
-        import shutil
-
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        if self._owned_tmp is not None:
-            self._owned_tmp.cleanup()
-
-
-def finish(halted: Halted, out: str | Path) -> Any:
-    """Merge a stopped capture's pieces into one normalized trace and write it as a store."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from xpuprof.core.raw import RawTrace, concat_tables, count_entries, next_index
-    from xpuprof.trace.ingest import store_raw
-
-    base: RawTrace | None = None
-    if halted.framework == "torch" and halted.framework_trace is not None:
-        from xpuprof.formats.kineto import read_kineto
-
-        base = read_kineto(halted.framework_trace)
-        base.top.pop("traceName", None)  # a temporary file: meaningless afterwards
-    elif halted.framework == "jax" and halted.framework_trace is not None:
-        from xpuprof.formats.xplane import read_xplane
-
-        base = read_xplane(halted.framework_trace)
-    base_ns = int((base.top.get("baseTimeNanoseconds") or 0) if base is not None else 0)
-    parts = [base.tables] if base is not None else []
-    nxt = next_index(parts[0]) if parts else 0
-    for tables in halted.extras:
-        shifted = {}
-        for kind, t in tables.items():
-            if t.num_rows:
-                t = t.set_column(
-                    t.schema.get_field_index("index"), "index", pc.add(t["index"], nxt)
-                )
-                t = t.set_column(
-                    t.schema.get_field_index("ts"), "ts", pc.subtract(t["ts"], pa.scalar(base_ns))
-                )
-            shifted[kind] = t
-        parts.append(shifted)
-        nxt = max(nxt, next_index(shifted))
-    tables = concat_tables(parts)
-    phase, cat = count_entries(tables)
-    top = dict(base.top) if base is not None else {"baseTimeNanoseconds": base_ns}
-    settings = dict(halted.settings)
-    top["xpuprof_capture"] = settings
-    top.setdefault("host_name", settings.get("host_name"))
-    raw = RawTrace(
-        path=f"capture:{settings.get('pid')}",
-        tables=tables,
-        read_phase=phase,
-        read_category=cat,
-        top=top,
-        string_ids=base.string_ids if base is not None else {"pid": {}, "tid": {}},
-        size=0,
-        sha256="",
-        compressed=False,
-        format="xpuprof-capture",
-    )
-    return store_raw([raw], out)
 
 
 def profile(out: str | Path | None = None, **options: Any) -> Profile:
