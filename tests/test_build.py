@@ -7,6 +7,8 @@ same answer, on random timelines (with ties, instants, partial overlaps) and on 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from conftest import EXAMPLE
@@ -129,3 +131,138 @@ def test_bind_flows_matches_brute_force(seed):
     got = bind_flows(order, parent, end, sl, pid, tid, ts, f_pid, f_tid, f_ts, f_next)
     want = brute_bind(pid, tid, ts, dur, is_slice, f_pid, f_tid, f_ts, f_next)
     assert (got == want).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 8, item 10: deep nests (depth past int16, time that grew as n**2)
+# ----------------------------------------------------------------------------------------------
+
+
+def deep_track(rng, n):
+    """One track of ``n`` events: long chains nested inside each other, then runs of
+    siblings near the top after them (each sibling must climb past the whole chain)."""
+    ts, dur, t = [], [], 0
+    while len(ts) < n:
+        depth = int(rng.integers(1, 400))
+        for k in range(depth):  # a chain: each starts 1 later and ends 1 earlier
+            ts.append(t + k)
+            dur.append(2 * (depth - k) + 10)
+        t += 2 * depth + 12
+        for _ in range(int(rng.integers(0, 50))):  # siblings at the top, some zero-length
+            ts.append(t)
+            dur.append(int(rng.integers(0, 3)))
+            t += 3
+    ts, dur = np.array(ts[:n], dtype=np.int64), np.array(dur[:n], dtype=np.int64)
+    return np.zeros(n, np.int64), np.zeros(n, np.int64), ts, dur, np.ones(n, bool)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_search_tree_alone_matches_stack_algorithm(seed, monkeypatch):
+    """With no rounds of pointer jumping, every event is settled by the search tree that
+    deep nests need: it must give the same parents on the same random timelines."""
+    from xpuprof.trace import nesting
+
+    monkeypatch.setattr(nesting, "JUMP_ROUNDS", 0)
+    rng = np.random.default_rng(seed)
+    pid, tid, ts, dur, is_slice = random_timeline(rng, 400)
+    order, parent, _, _ = nest(pid, tid, ts, dur, is_slice)
+    ref_order, ref_parent = stack_nest(pid, tid, ts, dur, is_slice)
+    assert (order == ref_order).all()
+    assert (parent == ref_parent).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_nest_matches_stack_algorithm_on_deep_nests(seed):
+    rng = np.random.default_rng(seed)
+    pid, tid, ts, dur, is_slice = deep_track(rng, 6000)
+    tid[3000:] = 1  # a second track: a chain must not find a parent on the track before it
+    order, parent, _, _ = nest(pid, tid, ts, dur, is_slice)
+    ref_order, ref_parent = stack_nest(pid, tid, ts, dur, is_slice)
+    assert (order == ref_order).all() and (parent == ref_parent).all()
+    d = depths(parent)
+    assert d.max() >= 300  # the chains are deep
+
+
+def chain(n):
+    """``n`` events each inside the one before: depth 0, 1, …, n-1."""
+    ts = np.arange(n, dtype=np.int64)
+    return np.zeros(n, np.int64), np.zeros(n, np.int64), ts, 2 * (n - ts) + 10, np.ones(n, bool)
+
+
+def test_depth_beyond_int16_through_the_normaliser():
+    """60,000 nested events gave 27,232 negative depths (int16); depth is int32 now."""
+    from builders import TraceBuilder
+
+    from xpuprof.core.schema import EVENTS
+    from xpuprof.trace.normalize import build_tables
+
+    n = 60_000
+    tb = TraceBuilder(rank=None)
+    for i in range(n):
+        tb.op("op", ts=i, dur=2 * (n - i) + 10)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        raw = read_kineto(tb.write(f"{d}/deep.json"))
+    t = build_tables(raw.tables, part=0, rank=0, host=None, string_ids=raw.string_ids)
+    assert EVENTS.field("depth").type == t.events.schema.field("depth").type
+    depth = t.events["depth"].to_numpy()
+    index = t.events["index"].to_numpy()
+    assert (depth == index).all()  # event i is nested in i-1: depth i
+
+
+def _seconds(f, *args) -> float:
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        f(*args)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _nest_and_depth(pid, tid, ts, dur, is_slice):
+    return depths(nest(pid, tid, ts, dur, is_slice)[1])
+
+
+@pytest.mark.parametrize("shape", ["chain", "chain_then_siblings"])
+def test_nesting_time_grows_as_n_log_n_on_deep_nests(shape):
+    """30 k nested events took 1.2 s and 120 k took 13-16 s (quadratic); four times the
+    events must now cost well under sixteen times the time (n log n: about 4.5x)."""
+
+    def track(n):
+        pid, tid, ts, dur, sl = chain(n // 2 if shape != "chain" else n)
+        if shape == "chain":
+            return pid, tid, ts, dur, sl
+        m = n - len(ts)
+        start = int((ts + dur).max()) + 1  # after the whole chain, one sibling per step
+        sib = start + 3 * np.arange(m, dtype=np.int64)
+        return (np.zeros(n, np.int64), np.zeros(n, np.int64), np.r_[ts, sib],
+                np.r_[dur, np.ones(m, np.int64)], np.ones(n, bool))  # fmt: skip
+
+    small, large = track(30_000), track(120_000)
+    assert _nest_and_depth(*large).max() >= 59_999
+    t_small, t_large = _seconds(_nest_and_depth, *small), _seconds(_nest_and_depth, *large)
+    assert t_large < 8 * t_small + 0.25, (t_small, t_large)
+
+
+def test_a_negative_dur_is_kept_without_an_extent(tmp_path):
+    """A negative dur (an event the profiler never saw end) was taken as an extent ending
+    before the event starts, and could nest it under an event that had already ended. It is
+    kept, with a null dur, the source's value in ``extra`` and a note for the report."""
+    import json
+
+    from builders import TraceBuilder
+
+    from xpuprof.trace.normalize import build_tables
+
+    tb = TraceBuilder(rank=None)
+    tb.op("A", ts=0, dur=18)  # ends at 18 µs, before B starts
+    tb.op("B", ts=20, dur=-5)  # as an extent: 20 → 15, "inside" A's reach
+    tb.op("C", ts=30, dur=4)
+    raw = read_kineto(tb.write(tmp_path / "neg.json"))
+    assert any("negative dur" in note and "event 1 of" in note for note in raw.notes)
+    t = build_tables(raw.tables, part=0, rank=0, host=None, string_ids=raw.string_ids)
+    rows = {r["name"]: r for r in t.events.to_pylist()}
+    assert rows["B"]["dur"] is None and json.loads(rows["B"]["extra"]) == {"dur": -5}
+    assert rows["B"]["parent"] is None and rows["C"]["parent"] is None
+    assert rows["A"]["dur"] == 18_000

@@ -856,3 +856,58 @@ def test_cli_import_of_a_corrupt_xplane_leaves_no_store(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["host.xplane.pb"]
+
+
+def test_a_device_numbered_beyond_any_int_is_a_plane_of_no_device(tmp_path):
+    """Found by the fuzzer (issue 8): ``/device:GPU:99999999999999999999`` raised
+    OverflowError while its events were laid out. No device has that number: the plane's
+    events are kept, with no device number of their own (the normaliser then places device
+    work by its pid, as for any device event without one)."""
+    from xpuprof.formats.proto.xplane_pb2 import XSpace
+
+    space = XSpace()
+    plane = space.planes.add(id=1, name="/device:GPU:99999999999999999999")
+    plane.event_metadata[1].id = 1
+    plane.event_metadata[1].name = "kernel_a"
+    line = plane.lines.add(id=7, name="Stream #7", timestamp_ns=1000)
+    line.events.add(metadata_id=1, offset_ps=1000, duration_ps=2000)
+    f = tmp_path / "h.xplane.pb"
+    f.write_bytes(space.SerializeToString())
+    raw = read_xplane(f)
+    (row,) = raw.tables["events"].to_pylist()
+    assert row["name"] == "kernel_a" and row["device_arg"] is None
+    t = build_tables(raw)
+    assert t.events["device"].to_pylist() == t.events["pid"].to_pylist()
+
+
+def _zlib_detects(data: bytes) -> tuple[int, int]:
+    """(byte where zlib, fed one byte at a time, detects damage; bytes of text before it)."""
+    import zlib
+
+    dec, text = zlib.decompressobj(wbits=31), 0
+    for i in range(len(data)):
+        try:
+            text += len(dec.decompress(data[i : i + 1]))
+        except zlib.error:
+            return i, text
+    raise AssertionError("no damage detected")
+
+
+@pytest.mark.parametrize("at", [40, 200])
+def test_gzip_damage_names_its_byte(tmp_path, at):
+    """Issue 8: gzip damage was reported with no place. The error names the byte of the file
+    where zlib detects it; a lenient read keeps what decompressed before, and when nothing
+    did, fails like a strict one instead of returning an empty trace."""
+    data = bytearray(gzip.compress(_gpu_space(), mtime=0))
+    data[at : at + 4] = b"\xff" * 4
+    where, text = _zlib_detects(bytes(data))
+    f = tmp_path / "h.xplane.pb.gz"
+    f.write_bytes(bytes(data))
+    for lenient in (False, True) if not text else (False,):
+        with pytest.raises(TraceFormatError) as ei:
+            read_xplane(f, lenient=lenient)
+        assert str(ei.value).startswith(f"{f}: corrupt gzip data")
+        assert ei.value.offset == where
+    if text:
+        raw = read_xplane(f, lenient=True)
+        assert raw.truncated and raw.dropped[0].file_offset == where

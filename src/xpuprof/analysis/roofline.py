@@ -16,6 +16,7 @@ import pandas as pd
 
 from xpuprof.analysis.common import Result, steps_mask, where_clause
 from xpuprof.core.errors import XpuprofError
+from xpuprof.core.raw import decode_json
 from xpuprof.hardware import specs as hw
 from xpuprof.trace.tree import rows_in
 
@@ -237,7 +238,7 @@ def _op_time(
         "select part, correlation, dur, device from events where level in "
         "('kernel','memcpy','memset') and correlation is not null and dur is not null"
     )
-    if not len(kern):
+    if not len(kern) or not t.n:  # no tree (a selection with no events): nothing launched
         return time, nk, dev
     call = t.host_calls(kern["part"].to_numpy(np.int64), kern["correlation"].to_numpy(np.int64),
                         runtime_only=True)  # fmt: skip
@@ -417,7 +418,6 @@ def _device_row(part: Any, idx: Any, s: DeviceSpec | None, how: str) -> dict[str
 
 def _op_dtypes(trace: Trace, ids: np.ndarray) -> np.ndarray:
     """Precision of each op from its recorded ``Input type`` (fp32 when unknown)."""
-    import msgspec
     import pyarrow as pa
 
     if not len(ids):
@@ -435,10 +435,7 @@ def _op_dtypes(trace: Trace, ids: np.ndarray) -> np.ndarray:
 
     def prec(text: Any) -> str:
         if text not in memo:
-            try:
-                memo[text] = _first_float(msgspec.json.decode(text)) if text else "fp32"
-            except msgspec.DecodeError:
-                memo[text] = "fp32"
+            memo[text] = _first_float(decode_json(text)) if text else "fp32"
         return memo[text]
 
     got_ids = np.asarray(got["id"], np.int64)
@@ -546,15 +543,13 @@ def _kernels(
 
 
 def _cupti(df: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
-    import msgspec
 
     fl = np.full(len(df), np.nan)
     by = np.full(len(df), np.nan)
     dtype = np.full(len(df), "fp32", dtype=object)
     for i, a in enumerate(df["args"].tolist()):
-        try:
-            args = msgspec.json.decode(a) if a else {}
-        except msgspec.DecodeError:
+        args = decode_json(a, default={})
+        if not isinstance(args, dict):
             continue
         per = {}
         for prec, (add, mul, fma) in CUPTI_COUNTERS.items():

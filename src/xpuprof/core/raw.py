@@ -10,20 +10,26 @@ what a reader must fill in is in ``docs/formats.md``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 
 
 @dataclass
 class Dropped:
-    """One piece of a file that a lenient import could not keep."""
+    """One piece of a file that a lenient import could not keep: why, how many entries of the
+    event list it held (0 for text between entries, or a top-level key), where it starts in
+    the (decompressed) text, the position in the event list of its first entry, and for damage
+    to the file itself (gzip) the byte of the file where it was detected."""
 
     reason: str
     events: int
     offset: int | None = None
     event_index: int | None = None
+    file_offset: int | None = None
 
 
 @dataclass
@@ -33,7 +39,8 @@ class RawTrace:
     ``top`` holds the source's file-level facts (Kineto's top-level keys; an XPlane's hosts and
     planes), ``string_ids`` the map of negative pid/tid codes back to the names they replace.
     ``format`` names the reader that read it (``xpuprof.formats``); the normaliser takes the
-    category vocabulary from that reader.
+    category vocabulary from that reader. ``notes`` are what the import report must say about
+    entries kept as they are but not as the format means them (a negative ``dur``).
     """
 
     path: str
@@ -48,6 +55,7 @@ class RawTrace:
     dropped: list[Dropped] = field(default_factory=list)
     truncated: bool = False
     format: str = "kineto"
+    notes: list[str] = field(default_factory=list)
 
 
 #: How entries are split as they are read: by phase, into the tables they will feed.
@@ -116,3 +124,26 @@ def next_index(tables: dict[str, pa.Table]) -> int:
 
     highest = [pc.max(t["index"]).as_py() for t in tables.values() if t.num_rows]
     return max(highest) + 1 if highest else 0
+
+
+def _keep_huge_floats(text: str) -> Any:
+    f = float(text)
+    return f if math.isfinite(f) else text
+
+
+#: Any JSON value, floats beyond float64 (``1e400``, which a source may write and the importer
+#: keeps) left as their text instead of failing the whole decode.
+_JSON = msgspec.json.Decoder(float_hook=_keep_huge_floats)
+
+
+def decode_json(text: str | bytes | None, default: Any = None) -> Any:
+    """A source's JSON text kept in a store (``args``, ``extra``) as Python values, or
+    ``default`` when there is none or it cannot be decoded here (nesting deeper than the
+    interpreter allows, text that is not JSON). The one decoder every stage uses on such text:
+    a value it cannot hold is unknown, never an exception in an analysis."""
+    if not text:
+        return default
+    try:
+        return _JSON.decode(text)
+    except (msgspec.MsgspecError, RecursionError):
+        return default

@@ -50,7 +50,7 @@ EVENTS = pa.schema(
         pa.field("ts", pa.int64(), nullable=False),
         pa.field("dur", pa.int64()),
         pa.field("parent", pa.int64()),
-        pa.field("depth", pa.int16()),
+        pa.field("depth", pa.int32()),
         pa.field("correlation", pa.int64()),
         pa.field("external_id", pa.int64()),
         pa.field("step", pa.int64()),

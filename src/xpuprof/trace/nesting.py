@@ -23,7 +23,9 @@ def nest(
     The parent of k is the nearest earlier event on the track whose end is at least k's end.
     Found by pointer jumping: each event starts at its predecessor and, while that candidate
     ends too early, jumps to the candidate's own candidate — everything skipped ends earlier
-    still. All events jump together, so the rounds grow with the log of the sibling count.
+    still. All events jump together; those still climbing after ``JUMP_ROUNDS`` rounds
+    (events after a deep nest) are answered by a search tree, so a nest of any depth costs
+    O(n log n).
     """
     n = len(ts)
     order = np.lexsort((-dur, ts, tid, pid))
@@ -51,15 +53,75 @@ def nest(
         before[1:] = reach[:-1]
         p[~first & (before < track * span + (q - lo))] = -1
         del reach, before
-    del track, first
+    del track
     active = np.flatnonzero(p >= 0)
-    while active.size:
+    for _ in range(JUMP_ROUNDS):
+        if not active.size:
+            break
         cand = p[active]
         ok = (cand < 0) | (e[np.maximum(cand, 0)] >= q[active])
         move = active[~ok]
         p[move] = p[cand[~ok]]
         active = move
+    if active.size:
+        # the nearest reaching event may lie on an earlier track: then none on its own does
+        track_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))[active]
+        j = _nearest_reaching(e, q[active], p[active])
+        p[active] = np.where(j >= track_start, j, -1)
     return order, p, e, sl
+
+
+#: Rounds of pointer jumping before the rest is settled by a search tree. Jumps along a list
+#: of siblings double (each takes its predecessor's latest candidate), so real traces settle
+#: in about 20 rounds (23 at most among the shared traces); but a jump moves only one ancestor
+#: up, so an event after a deep nest (a sibling near the top) would need one round per level.
+JUMP_ROUNDS = 32
+
+
+def _nearest_reaching(e: np.ndarray, q: np.ndarray, below: np.ndarray) -> np.ndarray:
+    """For each query, the last position ``j <= below`` whose ``e[j] >= q`` (-1: none).
+
+    A max-segment tree over ``e`` answers all queries at once in O(log n) vectorized rounds:
+    climb from the leaf at ``below`` until a left sibling (everything in it lies before)
+    holds a value that reaches, then descend into its rightmost such leaf.
+    """
+    n = len(e)
+    size = 1 << max(int(n - 1).bit_length(), 0)
+    tree = np.full(2 * size, np.iinfo(np.int64).min, dtype=np.int64)
+    tree[size : size + n] = e
+    for lo in range(int(np.log2(size)) - 1, -1, -1):
+        a, z = 1 << lo, 1 << (lo + 1)
+        tree[a:z] = np.maximum(tree[2 * a : 2 * z : 2], tree[2 * a + 1 : 2 * z : 2])
+    out = np.full(len(q), -1, dtype=np.int64)
+    # the leaf at ``below`` itself may reach
+    leaf = below + size
+    hit = (below >= 0) & (tree[np.maximum(leaf, 0)] >= q)
+    out[hit] = below[hit]
+    todo = np.flatnonzero(~hit & (below >= 0))
+    node = leaf[todo]
+    # climb: from each node, the left sibling of it or of an ancestor that reaches
+    found = np.full(len(todo), -1, dtype=np.int64)
+    live = np.arange(len(todo))
+    while live.size:
+        v = node[live]
+        right = (v & 1) == 1
+        sib = v - 1
+        reach = right & (tree[np.maximum(sib, 0)] >= q[todo[live]])
+        found[live[reach]] = sib[reach]
+        up = ~reach & (v > 1)
+        node[live[up]] = v[up] >> 1
+        live = live[up]
+    # descend: into the rightmost child that reaches, down to a leaf
+    sel = np.flatnonzero(found >= 0)
+    v = found[sel]
+    qq = q[todo[sel]]
+    while sel.size and (v < size).any():
+        inner = v < size
+        r = 2 * v + 1
+        go_right = inner & (tree[np.where(inner, r, 0)] >= qq)
+        v = np.where(inner, np.where(go_right, r, 2 * v), v)
+    out[todo[sel]] = v - size
+    return out
 
 
 def match_correlation(
@@ -101,18 +163,19 @@ def match_correlation(
 
 
 def depths(parent_pos: np.ndarray) -> np.ndarray:
-    """Depth of each position (0 at top level); parents always precede their children."""
-    depth = np.zeros(len(parent_pos), dtype=np.int16)
-    has = np.flatnonzero(parent_pos >= 0)
-    # Resolve level by level: positions whose parent is settled get parent depth + 1.
-    settled = parent_pos < 0
-    while has.size:
-        ready = settled[parent_pos[has]]
-        idx = has[ready]
-        depth[idx] = depth[parent_pos[idx]] + 1
-        settled[idx] = True
-        has = has[~ready]
-    return depth
+    """Depth of each position (0 at top level), by pointer doubling: each position keeps an
+    ancestor and its distance to it, and jumps to that ancestor's ancestor, so a chain of any
+    length takes O(log n) rounds (a level-by-level walk would take one round per level)."""
+    n = len(parent_pos)
+    up = parent_pos.astype(np.int64, copy=True)
+    depth = (up >= 0).astype(np.int32)
+    live = np.flatnonzero(up >= 0)
+    while live.size:
+        anc = up[live]
+        depth[live] += depth[anc]
+        up[live] = up[anc]
+        live = live[up[live] >= 0]
+    return depth if n else np.zeros(0, dtype=np.int32)
 
 
 def _tracks(

@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import msgspec
 import numpy as np
+
+from xpuprof.core.raw import decode_json
 
 __all__ = [
     "ALGORITHMS",
@@ -131,10 +132,7 @@ def decode_arg(v: Any) -> Any:
     if v is None or (isinstance(v, float) and v != v):
         return None
     if isinstance(v, str):
-        try:
-            return msgspec.json.decode(v)
-        except msgspec.DecodeError:
-            return v
+        return decode_json(v, default=v)
     return v
 
 
@@ -156,11 +154,8 @@ def ranks_list(v: Any) -> list[int] | None:
     if isinstance(v, list):
         return [int(x) for x in v if as_int(x) is not None]
     if isinstance(v, str) and v.strip().startswith("["):
-        try:
-            got = msgspec.json.decode(v)
-        except msgspec.DecodeError:
-            return None
-        return ranks_list(got)
+        got = decode_json(v)
+        return ranks_list(got) if isinstance(got, list) else None
     return None
 
 

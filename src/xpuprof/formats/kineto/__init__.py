@@ -14,9 +14,12 @@ Why the decoder looks the way it does:
   original JSON text, unknown top-level keys of an entry go to ``extra``, string pids/tids are
   mapped to negative integers with the mapping kept, and every other top-level key of the file
   (``deviceProperties``, ``distributedInfo``, …) is returned as ``top``.
-* **Clear errors.** Damage is reported with the file and the byte offset (of the decompressed
-  text for ``.gz``) or the event index; with ``lenient=True`` what parses is kept and every
-  dropped piece is reported with its reason.
+* **Clear errors, bounded time.** Damage is reported with the file and the byte offset (of the
+  decompressed text for ``.gz``; of the file for gzip damage) or the event index; with
+  ``lenient=True`` what parses is kept and every dropped piece is reported with its reason and
+  place. Whatever the file holds (deep nesting, huge numbers, bad UTF-8, separators inside
+  strings), decoding is linear in its size and fails only with ``TraceFormatError``
+  (``docs/formats.md``).
 """
 
 from __future__ import annotations

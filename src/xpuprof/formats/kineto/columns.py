@@ -4,6 +4,8 @@ from the raw JSON slices at once."""
 
 from __future__ import annotations
 
+import math
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import msgspec
@@ -12,9 +14,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xpuprof.core.raw import DICT_STRING
+from xpuprof.formats.kineto.values import ANY_DEC, float_hook
 
 _MISSING = msgspec.Raw(b"")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+#: The largest microsecond value whose nanoseconds fit in int64.
+_MAX_US = Decimal(_INT64_MAX) / 1000
 
 
 class Event(msgspec.Struct, forbid_unknown_fields=True, gc=False):
@@ -47,12 +52,13 @@ class _ArgSel(msgspec.Struct, gc=False):
     bytes: Any = None
 
 
-_ARGS_DEC = msgspec.json.Decoder(list[_ArgSel | None])
-ANY_DEC = msgspec.json.Decoder()
+_ARGS_DEC = msgspec.json.Decoder(list[_ArgSel | None], float_hook=float_hook)
 
 
 def _raw_strings(raws: list[Any]) -> pa.LargeStringArray:
-    """Build a string array from raw JSON slices without a Python object per element."""
+    """Build a string array from raw JSON slices without a Python object per element; the
+    slices are checked to be UTF-8 (msgspec passes raw values through unchecked), and a batch
+    holding one that is not raises ``ArrowInvalid``, for the caller to find and name it."""
     n = len(raws)
     lens = np.fromiter(map(len, raws), dtype=np.int64, count=n)
     offsets = np.zeros(n + 1, dtype=np.int64)
@@ -60,9 +66,11 @@ def _raw_strings(raws: list[Any]) -> pa.LargeStringArray:
     data = b"".join(raws)
     valid = lens > 0
     validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.LargeStringArray.from_buffers(
+    out = pa.LargeStringArray.from_buffers(
         n, pa.py_buffer(offsets), pa.py_buffer(data), validity, null_count=int(n - valid.sum())
     )
+    out.validate(full=True)
+    return out
 
 
 def us_text_to_ns(text: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
@@ -94,8 +102,6 @@ def _us_text_to_ns_slow(text: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
     """Per-value fallback for spellings Arrow's decimal cast rejects (quoted numbers, NaN,
     values beyond int64 nanoseconds): each bad one is flagged, not fatal, so the caller can
     name the event or, when lenient, drop just that event."""
-    from decimal import Decimal, InvalidOperation
-
     out: list[int | None] = []
     bad = np.zeros(len(text), dtype=bool)
     for i, v in enumerate(text.to_pylist()):
@@ -106,7 +112,10 @@ def _us_text_to_ns_slow(text: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
             d = Decimal(v.strip().strip('"'))
         except InvalidOperation:
             d = None
-        ns = int((d * 1000).to_integral_value()) if d is not None and d.is_finite() else None
+        # the range is checked on the exponent first: int() of 1e999999999 would take forever
+        # and arithmetic on it overflows the decimal context
+        fits = d is not None and d.is_finite() and d.adjusted() < 19 and abs(d) <= _MAX_US
+        ns = int((d * 1000).to_integral_value()) if fits else None
         if ns is None or not _INT64_MIN <= ns <= _INT64_MAX:
             bad[i] = True
             ns = None
@@ -140,9 +149,10 @@ def _float_column(values: list[Any]) -> pa.Array:
         out = []
         for v in values:
             try:
-                out.append(None if v is None or isinstance(v, bool) else float(v))
-            except (TypeError, ValueError):
-                out.append(None)
+                f = None if v is None or isinstance(v, bool) else float(v)
+            except (TypeError, ValueError, OverflowError):
+                f = None
+            out.append(f if f is not None and math.isfinite(f) else None)
         return pa.array(out, pa.float64())
 
 
@@ -186,7 +196,7 @@ class IdMaps:
         for i, v in enumerate(out):
             if v is None or type(v) is int and _INT64_MIN <= v <= _INT64_MAX:
                 continue
-            if isinstance(v, str) and v.isdigit() and len(v) < 19:
+            if isinstance(v, str) and v.isascii() and v.isdigit() and len(v) < 19:
                 # 2021 traces quote thread ids ("25738"): keep them the numbers they are.
                 out[i] = int(v)
                 continue

@@ -1,17 +1,21 @@
-"""The Kineto reader's decoder: the event list, a few megabytes at a time, into raw tables;
-damage reported with the byte offset or event index, or (lenient) salvaged event by event.
+"""The Kineto reader's decoder: the top level of the file, then the event list a few megabytes
+at a time into raw tables; damage is reported with the byte offset or event index, or
+(lenient) left out entry by entry and listed.
 
-The split of the event array into chunks needs no JSON tokenizer of our own: a chunk ends at a
-``}`` followed by ``,`` and ``{``; if that spot was inside a string or a nested value, msgspec
-rejects the chunk at its very end and the next candidate is tried, so a chunk that decodes is
-exactly a run of whole events.
+Fast path: a chunk ends at the first ``}`` + ``,`` + ``{`` after ``CHUNK_BYTES``; if that spot
+is inside a string or a nested value, msgspec rejects the chunk, so a chunk that decodes is
+exactly a run of whole entries. Anything else — a bad split, damage, an entry that is not an
+event, a value too deep to decode — hands the chunk to the walker (``walk.py``), which reads
+one entry at a time from the chunk's start to the first entry boundary past ``CHUNK_BYTES``,
+decoding the good entries in runs and naming the bad ones. Each byte is decoded a bounded number
+of times, so the time is linear in the file whatever it holds.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,70 +26,30 @@ import pyarrow.compute as pc
 
 from xpuprof.core.errors import TraceFormatError
 from xpuprof.core.raw import KINDS, RAW_SCHEMA, Dropped, RawTrace
-from xpuprof.formats.kineto.columns import (
-    ANY_DEC,
-    Event,
-    IdMaps,
-    columns,
-    events_from_dicts,
-    us_text_to_ns,
+from xpuprof.formats.kineto.columns import Event, IdMaps, columns, events_from_dicts, us_text_to_ns
+from xpuprof.formats.kineto.errors import DECODE_ERRORS
+from xpuprof.formats.kineto.stream import Text, file_blocks, threaded
+from xpuprof.formats.kineto.top import read_remainder, read_top
+from xpuprof.formats.kineto.values import (
+    Damage,
+    Incomplete,
+    TooDeep,
+    err_index,
+    float_hook,
+    skip_ws,
+    value_end,
 )
-from xpuprof.formats.kineto.stream import (
-    BLOCK_BYTES,
-    OBJ_DEC,
-    NeedMore,
-    decode_prefix,
-    file_blocks,
-    find_events_array,
-    threaded,
-)
+from xpuprof.formats.kineto.walk import walk
 
 #: JSON text decoded per chunk; large enough to amortise per-call costs, small enough to bound RSS.
 CHUNK_BYTES = 4 << 20
 
 _SEP = re.compile(rb"\}\s*,\s*\{")
 
-_EVENTS_DEC = msgspec.json.Decoder(list[Event])
+_EVENTS_DEC = msgspec.json.Decoder(list[Event], float_hook=float_hook)
 _DICTS_DEC = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
 
 _KIND_OF_PHASE = {"s": 1, "t": 1, "f": 1, "C": 2, "M": 3}
-
-
-def _err_offset(e: Exception) -> int | None:
-    m = re.search(r"\(byte (\d+)\)", str(e))
-    return int(m.group(1)) if m else None
-
-
-def _err_index(e: Exception) -> int | None:
-    m = re.search(r"\$\[(\d+)\]", str(e))
-    return int(m.group(1)) if m else None
-
-
-class _Text:
-    """The decompressed text read so far; ``buf[base:]`` is what is not decoded yet."""
-
-    def __init__(self, blocks: Iterator[bytes]) -> None:
-        self.blocks = blocks
-        self.buf = b""
-        self.base = 0
-        self.eof = False
-
-    def fill(self, target: int) -> None:
-        """Make ``buf[base:]`` at least ``target`` bytes long (or hold the rest of the file),
-        copying the kept part once rather than once per block."""
-        parts: list[Any] = [memoryview(self.buf)[self.base :]]
-        have = len(self.buf) - self.base
-        while have < target and not self.eof:
-            try:
-                block = next(self.blocks)
-            except StopIteration:
-                self.eof = True
-                break
-            parts.append(block)
-            have += len(block)
-        if len(parts) > 1:
-            self.buf = b"".join(parts)
-            self.base = 0
 
 
 class Decoder:
@@ -104,146 +68,88 @@ class Decoder:
         self.batches: dict[str, list[pa.RecordBatch]] = {k: [] for k in KINDS}
         self.read_phase: dict[str, int] = {}
         self.read_category: dict[str, int] = {}
-        self.index = 0
+        self.index = 0  # position in the event list of the next entry
         self.dropped: list[Dropped] = []
+        self.notes: list[str] = []
+        self.negative: dict[str, list[int]] = {"ts": [0, -1], "dur": [0, -1]}
         self.compressed = False
         self.truncated = False
+        self.gzip: Dropped | None = None  # damage to the gzip stream, if any
+        self.after_comma = False  # the entry at the text's base follows a "," (not the "[")
+
+    # -- errors ----------------------------------------------------------------------------------
 
     def fail(self, message: str, *, offset: int | None = None, index: int | None = None):
         raise TraceFormatError(
             self.path, message, offset=offset, event_index=index, compressed=self.compressed
         )
 
-    # -- decoding of one run of events ---------------------------------------------------------
+    def damage(
+        self, message: str, *, offset: int | None, index: int | None = None, events: int = 1
+    ) -> None:
+        """Damage a lenient read survives (recorded: what, where, how many entries it cost;
+        consecutive entries dropped for the same reason are one record, with the first one's
+        place) and a strict one does not."""
+        if not self.lenient:
+            self.fail(message, offset=offset, index=index)
+        last = self.dropped[-1] if self.dropped else None
+        if (
+            last is not None
+            and index is not None
+            and last.event_index is not None
+            and last.reason == message
+            and last.event_index + last.events == index
+        ):
+            last.events += events  # a run of entries dropped for one reason: one record
+            return
+        self.dropped.append(Dropped(message, events, offset=offset, event_index=index))
 
-    def decode_run(self, text: bytes, abs_offset: int, *, final: bool) -> bool:
-        """Decode ``[ev, ev, …]`` text; return False when the split point was bad (retry).
+    def gzip_damage(self, message: str, file_offset: int) -> None:
+        """Lenient reads: damaged gzip ends the text early; reported with the file's byte."""
+        self.truncated = True
+        self.gzip = Dropped(f"{message}: the rest of the file is lost", 0, file_offset=file_offset)
 
-        ``abs_offset`` is the position in the file's JSON of ``text[1]`` (after our ``[``).
-        """
+    # -- decoding of one run of entries ----------------------------------------------------------
+
+    def decode_events(self, text: bytes | memoryview) -> int:
+        """Decode ``[entry, …]`` text, numbered from ``self.index``, and keep it; return the
+        number of entries. Raises one of ``DECODE_ERRORS`` (having kept nothing) when an entry
+        is bad, or :class:`TraceFormatError` when a strict read meets an event it rejects."""
         try:
             evs = _EVENTS_DEC.decode(text)
             extra = None
         except msgspec.ValidationError as e:
             if "unknown field" not in str(e):
-                idx = _err_index(e)
-                if idx is None:
-                    return self.bad_text(text, abs_offset, e, final)
-                return self.bad_entry(text, abs_offset, e, idx)
-            try:
-                evs, extra = events_from_dicts(_DICTS_DEC.decode(text))
-            except msgspec.ValidationError as e2:
-                idx = _err_index(e2)
-                if idx is None:
-                    return self.bad_text(text, abs_offset, e2, final)
-                return self.bad_entry(text, abs_offset, e2, idx)
-            except msgspec.DecodeError as e2:
-                return self.bad_text(text, abs_offset, e2, final)
-        except msgspec.DecodeError as e:
-            return self.bad_text(text, abs_offset, e, final)
-        self.add(evs, extra)
+                raise
+            evs, extra = events_from_dicts(_DICTS_DEC.decode(text))
+        if evs:
+            self.keep(columns(evs, self.index, self.ctx, extra), len(evs))
+        return len(evs)
+
+    def fast(self, text: bytes | memoryview) -> bool:
+        """Decode a run of entries the fast way; False (nothing kept) when something in it
+        needs the walker."""
+        try:
+            n = self.decode_events(text)
+        except DECODE_ERRORS:
+            return False
+        self.index += n
         return True
 
-    def bad_text(self, text: bytes, abs_offset: int, e: Exception, final: bool) -> bool:
-        off = _err_offset(e)
-        at_end = off is None or off >= len(text) - 1
-        if at_end and not final:
-            return False  # the split landed inside a string or a nested value
-        where = abs_offset + (off - 1 if off is not None else len(text) - 2)
-        if off is None and "truncated" in str(e):
-            msg = "truncated JSON: the file ends inside the event list"
-            where = abs_offset + len(text) - 2
-            self.truncated = True
-        else:
-            msg = f"malformed JSON ({str(e).split(' (byte')[0]})"
-        if not self.lenient:
-            self.fail(msg, offset=where)
-        self.salvage(text[1:-1], abs_offset, final)
-        return True
+    def first_bad(self, text: bytes) -> int | None:
+        """The entry of a run that msgspec names as the first one it cannot decode, if any."""
+        try:
+            _EVENTS_DEC.decode(text)
+        except msgspec.ValidationError as e:
+            if "unknown field" not in str(e):
+                return err_index(e)
+        except DECODE_ERRORS:
+            pass
+        return None
 
-    def bad_entry(self, text: bytes, abs_offset: int, e: Exception, idx: int) -> bool:
-        msg = f"traceEvents entry is not an event ({str(e).split(' - at')[0]})"
-        if not self.lenient:
-            self.fail(msg, index=self.index + idx)
-        self.salvage(text[1:-1], abs_offset, final=True)
-        return True
-
-    def salvage(self, body: bytes, abs_offset: int, final: bool) -> None:
-        """Lenient mode: decode a damaged run event by event, keep what parses.
-
-        Pieces are cut at every ``}, {``; a piece that does not decode is retried joined with
-        the next ones (the cut may have been inside a value) before it is dropped and reported.
-        """
-        cuts = list(_SEP.finditer(body))
-        starts = [0] + [m.end() - 1 for m in cuts]
-        ends = [m.start() + 1 for m in cuts] + [len(body)]
-        run: list[Event] = []
-        extra: list[bytes | None] = []
-        i = 0
-        while i < len(starts):
-            got = None
-            rest = None
-            for j in range(i, min(i + 16, len(starts))):
-                piece = body[starts[i] : ends[j]]
-                if final and j == len(starts) - 1:
-                    piece = _close_partial(piece)
-                try:
-                    got = OBJ_DEC.decode(piece)
-                except msgspec.DecodeError as e:
-                    # a whole event followed by junk: keep the event, report only the junk,
-                    # and go on with whatever events follow the junk in the same piece
-                    cut = _err_offset(e) if j == i else None
-                    cut = piece.rfind(b"}", 0, cut + 1) + 1 if cut else 0
-                    if not cut:
-                        continue
-                    try:
-                        got = OBJ_DEC.decode(piece[:cut])
-                    except msgspec.DecodeError:
-                        continue
-                    junk = cut + len(piece[cut:]) - len(piece[cut:].lstrip())
-                    self.dropped.append(
-                        Dropped(
-                            "unparseable text between events",
-                            0,
-                            offset=abs_offset + starts[i] + junk,
-                        )
-                    )
-                    m = re.compile(rb",\s*\{").search(body, starts[i] + cut, ends[j])
-                    if m:
-                        rest = (m.end() - 1, ends[j])
-                i_next = j + 1
-                break
-            if got is None:
-                self.add(run, extra)
-                run, extra = [], []
-                reason = "unparseable JSON (damaged or truncated)"
-                if final and i == len(starts) - 1:
-                    reason = "truncated JSON (the last, partial event)"
-                self.dropped.append(
-                    Dropped(reason, 1, offset=abs_offset + starts[i], event_index=self.index)
-                )
-                self.index += 1
-                i += 1
-                continue
-            evs, ex = events_from_dicts([got])
-            run.extend(evs)
-            extra.extend(ex)
-            if rest is not None:
-                self.add(run, extra)
-                run, extra = [], []
-                self.salvage(
-                    body[rest[0] : rest[1]],
-                    abs_offset + rest[0],
-                    final and i_next == len(starts),
-                )
-            i = i_next
-        self.add(run, extra)
-
-    def add(self, evs: list[Event], extra: list | None) -> None:
-        if not evs:
-            return
-        batch = columns(evs, self.index, self.ctx, extra)
-        n = len(evs)
+    def keep(self, batch: pa.RecordBatch, n: int) -> None:
+        """Check a decoded batch (entries ``self.index``…), drop what a lenient read cannot
+        keep, note negative times, and file the rest."""
         ts_text, dur_text = batch.column("ts"), batch.column("dur")
         ts, bad_ts = us_text_to_ns(ts_text)
         dur, bad_dur = us_text_to_ns(dur_text)
@@ -260,7 +166,10 @@ class Decoder:
         ]
         drop = np.zeros(n, dtype=bool)
         for mask, what, text in checks:
-            if mask is None or not mask.any():
+            if mask is None:
+                continue
+            mask = mask & ~drop  # an entry is dropped once, for the first reason found
+            if not mask.any():
                 continue
             first = int(np.flatnonzero(mask)[0])
             if text is not None:
@@ -269,10 +178,20 @@ class Decoder:
                 self.fail(what, index=self.index + first)
             self.dropped.append(Dropped(what, int(mask.sum()), event_index=self.index + first))
             drop |= mask
+        self.count_negative(ts, dur, drop)
         if drop.any():
             batch = batch.filter(pa.array(~drop))
         self.split(batch)
-        self.index += n
+
+    def count_negative(self, ts: pa.Array, dur: pa.Array, drop: np.ndarray) -> None:
+        """Count kept entries with a negative ts or dur (and the first one), for the notes."""
+        for name, col in (("ts", ts), ("dur", dur)):
+            neg = np.asarray(pc.fill_null(pc.less(col, 0), False)) & ~drop
+            if neg.any():
+                seen = self.negative[name]
+                if not seen[0]:
+                    seen[1] = self.index + int(np.flatnonzero(neg)[0])
+                seen[0] += int(neg.sum())
 
     def split(self, batch: pa.RecordBatch) -> None:
         """Count the chunk's entries, then file each under the table it will feed: splitting
@@ -301,92 +220,81 @@ class Decoder:
         with open(self.path, "rb") as f:
             self.compressed = f.read(2) == b"\x1f\x8b"
         on_damage = self.gzip_damage if self.lenient else None
-        text = _Text(threaded(file_blocks(self.path, hasher, on_damage)))
+        text = Text(threaded(file_blocks(self.path, hasher, on_damage)))
         top: dict[str, Any] = {}
-        layout, consumed = self.top_level(text, top)
-        consumed = self.event_list(text, consumed)
-        buf = text.buf[text.base :]
-        # the tail: the last events and whatever closes the file
-        self.read_tail(buf, consumed, layout, top)
+        layout = read_top(self, text, top)
+        ended = self.event_list(text) or self.tail(text)
+        if ended:
+            read_remainder(self, text, layout, top)
+        if self.gzip is not None:
+            self.gzip.offset = text.offset + text.avail
+            self.dropped.insert(0, self.gzip)
         if self.progress:
-            self.progress(consumed + len(buf))
+            self.progress(text.offset + text.avail)
         return self.finish(top, size, hasher.hexdigest())
 
-    def gzip_damage(self, message: str, offset: int) -> None:
-        """Lenient reads: damaged gzip ends the text early, and is reported."""
-        self.truncated = True
-        self.dropped.append(Dropped(f"{message} at compressed byte {offset}: the rest is lost", 0))
-
-    def top_level(self, text: _Text, top: dict[str, Any]) -> tuple[str, int]:
-        """Read up to the event list (its layout and the top-level keys before it); return the
-        layout and the offset of the list's first byte, where ``text.base`` now stands."""
-        while True:
-            try:
-                layout, prefix_end, body_start = find_events_array(text.buf)
-                break
-            except NeedMore:
-                before = len(text.buf)
-                text.fill(before + 1)
-                if len(text.buf) == before:  # the file ended before the answer
-                    if not text.buf.strip():
-                        self.fail("empty file: no JSON value")
-                    self.fail("truncated JSON: the file ends before the event list", offset=before)
-            except ValueError as e:
-                self.fail(e.args[0], offset=e.args[1])
-        if layout == "object":
-            try:
-                top.update(decode_prefix(text.buf[:prefix_end]))
-            except msgspec.DecodeError as e:
-                off = _err_offset(e)
-                self.fail(f"malformed JSON before traceEvents ({e})", offset=off)
-        text.base = body_start
-        return layout, body_start
-
-    def event_list(self, text: _Text, consumed: int) -> int:
+    def event_list(self, text: Text) -> bool:
         """Decode the event list chunk by chunk, up to the last ``CHUNK_BYTES`` or so (the
-        tail, which holds the list's end); return the offset of ``text.base``."""
+        tail, which holds the list's end). True when the list's end was reached on the way
+        (``text`` then stands just after its ``]``)."""
         while True:
             text.fill(2 * CHUNK_BYTES)
             if text.eof:
-                return consumed
-            base = text.base
-            pos = base + CHUNK_BYTES
-            while True:
-                m = _SEP.search(text.buf, pos)
-                if m is None:
-                    before = len(text.buf) - base
-                    text.fill(before + BLOCK_BYTES)
-                    base = text.base
-                    if len(text.buf) - base == before:
-                        break
-                    pos = base + before - 8
-                    continue
-                end = m.start() + 1
-                chunk = b"".join((b"[", memoryview(text.buf)[base:end], b"]"))
-                if self.decode_run(chunk, consumed, final=False):
-                    nxt = m.end() - 1
-                    consumed += nxt - base
-                    text.base = nxt
-                    if self.progress:
-                        self.progress(consumed)
-                    break
-                pos = m.end()
-            if text.eof:
-                return consumed
+                return False
+            m = _SEP.search(text.buf, text.base + CHUNK_BYTES)
+            if m is None:
+                text.more()
+                continue
+            end = m.start() + 1
+            chunk = b"".join((b"[", memoryview(text.buf)[text.base : end], b"]"))
+            if self.fast(chunk):
+                text.advance(m.end() - 1 - text.base)
+                self.after_comma = True
+            elif walk(self, text, stop=CHUNK_BYTES):
+                return True
+            if self.progress:
+                self.progress(text.offset)
+
+    def tail(self, text: Text) -> bool:
+        """The rest of the event list, once the whole file is read: one decode when it is
+        sound, else the walker. True when the list's ``]`` was reached."""
+        rest = text.rest()
+        p = skip_ws(rest, 0, len(rest))
+        first = rest[p : p + 1]
+        if first and not (self.after_comma and first == b"]"):
+            body = b"[" + rest
+            try:
+                end = value_end(body, 0, len(body), eof=True)
+            except (Damage, Incomplete, TooDeep):
+                end = None
+            if end is not None and self.fast(memoryview(body)[:end]):
+                text.advance(end - 1)
+                return True
+        return walk(self, text, stop=None)
 
     def finish(self, top: dict[str, Any], size: int, digest: str) -> RawTrace:
-        decoded_top = {k: ANY_DEC.decode(v) for k, v in top.items() if k != "traceEvents"}
         tables = {
             k: pa.Table.from_batches(b, schema=RAW_SCHEMA) if b else RAW_SCHEMA.empty_table()
             for k, b in self.batches.items()
         }
         self.batches = {}
+        for name, (count, first) in self.negative.items():
+            if count:
+                self.notes.append(
+                    f"{count} event(s) have a negative {name} (the first: event {first} of "
+                    + (
+                        "traceEvents): kept, with no duration (null dur; the source's value is "
+                        "in extra), as a profiler writes for an event it never saw end"
+                        if name == "dur"
+                        else "traceEvents): kept as they are (times before the trace's zero)"
+                    )
+                )
         return RawTrace(
             path=str(self.path),
             tables=tables,
             read_phase=self.read_phase,
             read_category=self.read_category,
-            top=decoded_top,
+            top=top,
             string_ids={
                 k: {str(code): key for key, code in v.items()}
                 for k, v in self.ctx.string_ids.items()
@@ -397,50 +305,8 @@ class Decoder:
             dropped=self.dropped,
             truncated=self.truncated,
             format="kineto",
+            notes=self.notes,
         )
-
-    def read_tail(self, buf: bytes, consumed: int, layout: str, top: dict) -> None:
-        head = b'{"traceEvents":[' if layout == "object" else b"["
-        text = head + buf
-        try:
-            if layout == "object":
-                rest = OBJ_DEC.decode(text)
-                events_raw = bytes(rest.pop("traceEvents"))
-                top.update(rest)
-            else:
-                events_raw = text
-            self.decode_run(events_raw, consumed, final=True)
-        except msgspec.DecodeError as e:
-            off = _err_offset(e)
-            if "truncated" in str(e):
-                msg = "truncated JSON: the file ends inside the event list"
-                where = consumed + len(buf)
-                self.truncated = True
-            else:
-                msg = f"malformed JSON ({str(e).split(' (byte')[0]})"
-                where = consumed + (off - len(head) if off is not None else len(buf))
-            if not self.lenient:
-                self.fail(msg, offset=where)
-            self.truncated = self.truncated or "truncated" in msg
-            self.salvage(buf, consumed, final=True)
-
-
-def _close_partial(piece: bytes) -> bytes:
-    """Strip what may close the list (``]``, the top-level ``}`` and keys after it) from the
-    last piece of a lenient salvage, so a whole final event decodes on its own."""
-    text = piece.strip()
-    # The last event of a well-formed tail is followed by "]" and maybe more top-level keys.
-    k = text.rfind(b"]")
-    while k != -1:
-        cand = text[:k].rstrip()
-        if cand.endswith(b"}"):
-            try:
-                msgspec.json.decode(cand)
-                return cand
-            except msgspec.DecodeError:
-                pass
-        k = text.rfind(b"]", 0, k)
-    return text
 
 
 def read(

@@ -1,25 +1,20 @@
 """Bytes in, for the Kineto reader: the decompressed text of a file block by block (on a
-thread of its own, so gunzip overlaps decoding), and the top level of the JSON up to the
-event list."""
+thread of its own, so gunzip overlaps decoding; gzip damage located to the byte by
+``formats.gz``), and the buffer of text not yet decoded."""
 
 from __future__ import annotations
 
 import queue
-import re
 import threading
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from xpuprof.core.errors import TraceFormatError
+from xpuprof.formats.gz import MAGIC, GzipDamage, gunzip
 
 #: Bytes read from the file at a time.
 BLOCK_BYTES = 1 << 20
-
-OBJ_DEC = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 def file_blocks(
@@ -27,8 +22,10 @@ def file_blocks(
 ) -> Iterator[bytes]:
     """Yield the decompressed text of ``path`` block by block (gzip detected by magic bytes).
 
-    Damaged gzip raises, or with ``on_damage`` (lenient imports) is reported there and ends
-    the text early, so what decompressed before the damage is still read.
+    Damaged gzip raises :class:`TraceFormatError` at the byte of the file where zlib detects
+    the damage (it lies at or before that byte), or with ``on_damage`` (lenient imports) is
+    reported there and ends the text early: everything that decompressed before that byte is
+    still read.
     """
 
     def damaged(message: str, offset: int) -> None:
@@ -39,39 +36,19 @@ def file_blocks(
     with open(path, "rb") as f:
         magic = f.read(2)
         f.seek(0)
-        if magic != b"\x1f\x8b":
+
+        def blocks() -> Iterator[bytes]:
             while block := f.read(BLOCK_BYTES):
                 hasher.update(block)
                 yield block
+
+        if magic != MAGIC:
+            yield from blocks()
             return
-        dec = zlib.decompressobj(wbits=31)
-        fed = False
-        pos = 0  # compressed offset of the next byte read
-        while block := f.read(BLOCK_BYTES):
-            hasher.update(block)
-            data, base = block, pos
-            pos += len(block)
-            while data:
-                try:
-                    out = dec.decompress(data)
-                except zlib.error as e:
-                    damaged(f"corrupt gzip data ({e})", base)
-                    return
-                fed = True
-                if out:
-                    yield out
-                if not dec.eof:
-                    break
-                # Concatenated gzip members are legal: start a new one on what is left.
-                rest = dec.unused_data
-                base += len(data) - len(rest)
-                data = rest
-                dec = zlib.decompressobj(wbits=31)
-                fed = False
-        if fed and not dec.eof:
-            if out := dec.flush():
-                yield out
-            damaged("truncated gzip stream (the file ends inside compressed data)", pos)
+        try:
+            yield from gunzip(blocks())
+        except GzipDamage as e:
+            damaged(e.message, e.offset)
 
 
 def threaded(gen: Iterator[bytes], depth: int = 4) -> Iterator[bytes]:
@@ -110,79 +87,52 @@ def threaded(gen: Iterator[bytes], depth: int = 4) -> Iterator[bytes]:
         stop.set()
 
 
-# ----------------------------------------------------------------------------------------------
-# Top-level structure
-# ----------------------------------------------------------------------------------------------
+class Text:
+    """The decompressed text read so far; ``buf[base:]`` is what is not consumed yet, and
+    ``offset`` the position of ``buf[base]`` in the whole text. Positions the decoder works
+    with are relative to ``base``."""
 
-_STRUCT = re.compile(rb'[{}\[\]",:]')
-_STRING_END = re.compile(rb'(?:[^"\\]|\\.)*"', re.S)
-_WS = b" \t\r\n"
+    def __init__(self, blocks: Iterator[bytes]) -> None:
+        self.blocks = blocks
+        self.buf = b""
+        self.base = 0
+        self.offset = 0
+        self.eof = False
 
+    @property
+    def avail(self) -> int:
+        """Bytes read and not consumed."""
+        return len(self.buf) - self.base
 
-class NeedMore(Exception):
-    pass
+    def fill(self, target: int) -> None:
+        """Make ``avail`` at least ``target`` (or hold the rest of the file), copying the kept
+        part once rather than once per block."""
+        parts: list[Any] = [memoryview(self.buf)[self.base :]]
+        have = self.avail
+        while have < target and not self.eof:
+            try:
+                block = next(self.blocks)
+            except StopIteration:
+                self.eof = True
+                break
+            parts.append(block)
+            have += len(block)
+        if len(parts) > 1:
+            self.buf = b"".join(parts)
+            self.base = 0
 
+    def more(self) -> bool:
+        """Read more (at least double what is held, so that retries stay linear); False at
+        the end of the file."""
+        before = self.avail
+        self.fill(max(2 * before, before + BLOCK_BYTES))
+        return self.avail > before
 
-def find_events_array(buf: bytes) -> tuple[str, int, int]:
-    """Locate the event list in the first bytes of a file.
+    def advance(self, n: int) -> None:
+        """Consume ``n`` bytes."""
+        self.base += n
+        self.offset += n
 
-    Returns ``(layout, prefix_end, body_start)``: layout ``"object"`` (``{"traceEvents": [``) or
-    ``"array"`` (the whole file is a list of events); ``prefix_end`` is where the
-    ``"traceEvents"`` key starts (object layout), ``body_start`` the byte after its ``[``.
-    Raises ``NeedMore`` when ``buf`` ends before the answer is known, ``ValueError`` with a
-    message and offset when the file is not a trace.
-    """
-    i = 0
-    n = len(buf)
-    while i < n and buf[i] in _WS:
-        i += 1
-    if i >= n:
-        raise NeedMore
-    first = buf[i : i + 1]
-    if first == b"[":
-        return "array", i, i + 1
-    if first != b"{":
-        raise ValueError(f"not a trace: the top-level JSON value starts with {first!r}", i)
-    depth = 0
-    pos = i
-    last_string: tuple[int, int] | None = None
-    while True:
-        m = _STRUCT.search(buf, pos)
-        if m is None:
-            raise NeedMore
-        c = m.group()
-        p = m.start()
-        if c == b'"':
-            e = _STRING_END.match(buf, p + 1)
-            if e is None:
-                raise NeedMore
-            last_string = (p, e.end())
-            pos = e.end()
-            continue
-        if c in b"{[":
-            depth += 1
-        elif c in b"}]":
-            depth -= 1
-            if depth == 0:
-                raise ValueError("not a Chrome trace: the top-level object has no traceEvents", p)
-        elif c == b":" and depth == 1 and last_string is not None:
-            key = buf[last_string[0] + 1 : last_string[1] - 1]
-            if key == b"traceEvents":
-                j = p + 1
-                while j < n and buf[j] in _WS:
-                    j += 1
-                if j >= n:
-                    raise NeedMore
-                if buf[j : j + 1] != b"[":
-                    raise ValueError("not a Chrome trace: traceEvents is not an array", j)
-                return "object", last_string[0], j + 1
-        last_string = None
-        pos = p + 1
-
-
-def decode_prefix(prefix: bytes) -> dict[str, msgspec.Raw]:
-    """Decode the top-level keys written before traceEvents (``{ "a": 1, `` → ``{"a": 1}``)."""
-    text = prefix.rstrip()
-    if text.endswith(b","):
-        text = text[:-1]
-    return OBJ_DEC.decode(text + b"}")
+    def rest(self) -> bytes:
+        """What is not consumed, as bytes whose offset 0 is ``base``."""
+        return self.buf[self.base :] if self.base else self.buf

@@ -6,11 +6,8 @@ just the plane it hit.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
 import re
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +17,7 @@ import pyarrow as pa
 
 from xpuprof.core.errors import TraceFormatError
 from xpuprof.core.raw import KINDS, RAW_SCHEMA, Dropped, RawTrace
+from xpuprof.formats.gz import GzipDamage, gunzip
 from xpuprof.formats.xplane.categories import (
     HOST_RULE,
     METADATA_PLANE,
@@ -34,9 +32,6 @@ from xpuprof.formats.xplane.wire import WireError, fields
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Za-z_]+):(\d+)")
 _SIZE = re.compile(r"\b(?:size|num_bytes)[:=]\s*(\d+)")
-
-#: Decompressed bytes read at a time from a gzipped file.
-_BLOCK = 64 << 10
 
 #: Metadata ``metadata`` bytes longer than this are not copied into args (only their size).
 _MAX_INLINE_BYTES = 4096
@@ -99,21 +94,16 @@ class Decoder:
             return raw, size, digest
         self.compressed = True
         out: list[bytes] = []
-        # block by block, so that a lenient read keeps what decompressed before any damage
-        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as g:
-            try:
-                while block := g.read(_BLOCK):
-                    out.append(block)
-            except EOFError:
-                self.truncated = True
-                self.damaged(
-                    "truncated gzip stream: the file ends inside compressed data",
-                    None,
-                    ": the data it held is lost",
-                )
-            except (OSError, zlib.error) as e:
-                self.truncated = True
-                self.damaged(f"corrupt gzip data ({e})", None, ": what follows is lost")
+        # piece by piece, so that a lenient read keeps what decompressed before any damage
+        try:
+            for piece in gunzip([raw]):
+                out.append(piece)
+        except GzipDamage as e:
+            self.truncated = True
+            if not self.lenient or not out:  # nothing before the damage: nothing to keep
+                raise TraceFormatError(self.path, e.message, offset=e.offset) from None
+            lost = ": the data it held is lost" if e.truncated else ": what follows is lost"
+            self.dropped.append(Dropped(e.message + lost, 0, file_offset=e.offset))
         del raw
         return b"".join(out), size, digest
 
@@ -260,6 +250,8 @@ class Decoder:
         stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
         plane_stats = stats_dict(plane.stats, stat_names, stat_names)
         m = _DEVICE_PLANE.match(pname) if kind == "device" else None
+        if m and len(m.group(2)) > 9:  # no device has such a number: a plane of no device
+            m = None
         device = int(m.group(2)) if m else None
         lines = list(plane.lines)
         info: dict[str, Any] = {

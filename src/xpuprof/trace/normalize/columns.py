@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xpuprof.core.raw import decode_json  # noqa: F401  (the normaliser's modules take it from here)
 from xpuprof.core.schema import LEVELS
 
 LEVEL_CODE = {lv: i for i, lv in enumerate(LEVELS)}
@@ -53,15 +54,29 @@ def rank_col(n: int, rank: int | None) -> pa.Array:
     return pa.nulls(n, pa.int32()) if rank is None else pa.array(np.full(n, rank, np.int32))
 
 
+def small_int(v: Any, limit: int = 2**62) -> int | None:
+    """``v`` as a non-negative int below ``limit`` (a step number, a device or stream index
+    written as a number or as decimal digits), else None."""
+    if isinstance(v, str):
+        if not (v.isascii() and v.isdigit()) or len(v) > 19:
+            return None
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        return None
+    return v if 0 <= v < limit else None
+
+
 def int_or_null(col: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """Flow ids as integers where they spell one (Kineto's do), null elsewhere."""
+    """Flow ids as integers where they spell one in int64 (Kineto's do), null elsewhere (ids
+    beyond int64 stay text in ``flow_id``; they can match no correlation id)."""
     try:
         return pc.cast(col, pa.int64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         vals = []
         for v in col.to_pylist():
             try:
-                vals.append(int(v) if v is not None else None)
+                n = int(v) if v is not None else None
             except ValueError:
-                vals.append(None)
+                n = None
+            vals.append(n if n is not None and -(2**63) <= n < 2**63 else None)
         return pa.array(vals, pa.int64())

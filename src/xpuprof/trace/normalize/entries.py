@@ -104,6 +104,21 @@ def fold_leftovers(t: pa.Table, columns: tuple[str, ...]) -> pa.Table:
     )
 
 
+def keep_in_extra(t: pa.Table, rows: np.ndarray, column: str) -> pa.ChunkedArray | pa.Array:
+    """The ``extra`` column with the value of ``column`` in the masked ``rows`` added under
+    its Chrome-trace key, as the source spelled it (``dur`` in microseconds), for a value the
+    table's own column does not keep."""
+    idx = np.flatnonzero(rows)
+    vals = t[column].take(pa.array(idx)).to_pylist()
+    extra = t["extra"].to_pylist()
+    key = _RAW_KEY[column]
+    for r, v in zip(idx.tolist(), vals, strict=True):
+        obj = msgspec.json.decode(extra[r], type=dict[str, msgspec.Raw]) if extra[r] else {}
+        obj[key] = msgspec.Raw(_ns_to_us_text(v).encode()) if column == "dur" else v
+        extra[r] = msgspec.json.encode(obj).decode()
+    return pa.array(extra, pa.large_string())
+
+
 #: Raw column → the Chrome-trace key it came from.
 _RAW_KEY = {"flow_id": "id", "bp": "bp", "scope": "s", "dur": "dur"}
 

@@ -22,6 +22,7 @@ from xpuprof.trace.normalize.columns import (
     isnull,
     rank_col,
 )
+from xpuprof.trace.normalize.entries import keep_in_extra
 from xpuprof.trace.normalize.levels import collective_bytes, levels, placement
 from xpuprof.trace.normalize.steps import steps
 
@@ -61,6 +62,13 @@ def events_table(
     is_dev = device >= 0
     level = levels(ev["cat"], ev["name"], ~is_dev, vocab.levels)
     dur = ints(ev["dur"])
+    negative = ~dur_null & (dur < 0)
+    if negative.any():
+        # an event the profiler never saw end: no extent (the source's value goes to extra)
+        ev = ev.set_column(
+            ev.schema.get_field_index("extra"), "extra", keep_in_extra(ev, negative, "dur")
+        )
+        dur_null = dur_null | negative
     span_dur, (order, parent_pos, end, is_slice) = _nest(ev, pid, tid, ts, dur, dur_null)
     index = ints(ev["index"])
     ids = (np.int64(part) << ID_SHIFT) | index
@@ -87,7 +95,7 @@ def events_table(
             pa.array(ts, pa.int64()),
             pa.array(dur, pa.int64(), mask=dur_null),
             pa.array(parent_id, pa.int64(), mask=parent_id < 0),
-            pa.array(depth, pa.int16()),
+            pa.array(depth, pa.int32()),
             ev["correlation"],
             ev["external_id"],
             step,
@@ -129,7 +137,7 @@ def _parents(
     has_parent = parent_pos >= 0
     parent_id[order[has_parent]] = ids[order[parent_pos[has_parent]]]
     del has_parent
-    depth = np.empty(n, dtype=np.int16)
+    depth = np.empty(n, dtype=np.int32)
     depth[order] = depths(parent_pos)
     return parent_id, depth
 

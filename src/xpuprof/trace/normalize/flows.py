@@ -71,6 +71,8 @@ def _bind(fl: pa.Table, tl: Timeline, rank_ph: np.ndarray, f_ts: np.ndarray) -> 
         )
         found = hit >= 0
         row[rows[found]] = hit[found]
+    if not len(tl.ids):
+        return np.full(len(row), -1, dtype=np.int64)
     return np.where(row >= 0, tl.ids[np.maximum(row, 0)], -1)
 
 

@@ -4,21 +4,22 @@ collectives."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
-import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xpuprof.trace.normalize.columns import LEVEL_CODE, codes, ints
+from xpuprof.trace.normalize.columns import LEVEL_CODE, codes, decode_json, ints, small_int
 
 #: Step spans: torch.profiler's ``ProfilerStep#N``, xpuprof's own ``step#N``.
 STEP_NAME = re.compile(r"^(?:ProfilerStep|step)#(\d+)$")
 _COLLECTIVE_NAME = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
 _LAYER_NAME = re.compile(r"^nn\.Module: ")
 _STREAM_NAME = re.compile(r"stream\s*(\d+)", re.IGNORECASE)
+_INT32 = 2**31
 _GPU_LABEL = re.compile(r"^(?:GPU|MTIA|XPU)\s*(\d+)$")
 
 #: Element sizes of the dtype names torch writes in NCCL args.
@@ -58,12 +59,13 @@ def gpu_pids(meta_rows: pa.Table) -> dict[int, int]:
     for pid, args in zip(rows["pid"], rows["args"], strict=True):
         if pid is None or not args:
             continue
-        labels = msgspec.json.decode(args)
+        labels = decode_json(args)
         text = labels.get("labels") if isinstance(labels, dict) else None
         if isinstance(text, str):
             m = _GPU_LABEL.match(text.strip())
-            if m:
-                out[pid] = int(m.group(1))
+            d = small_int(m.group(1), _INT32) if m else None
+            if d is not None:
+                out[pid] = d
     return out
 
 
@@ -75,13 +77,17 @@ def collective_bytes(args: list[str | None]) -> list[float | None]:
         if not a:
             out.append(None)
             continue
-        d = msgspec.json.decode(a)
+        d = decode_json(a)
         n_in = d.get("In msg nelems") if isinstance(d, dict) else None
         n_out = d.get("Out msg nelems") if isinstance(d, dict) else None
         dt = d.get("dtype") if isinstance(d, dict) else None
         size = DTYPE_BYTES.get(str(dt).lower()) if dt is not None else None
-        counts = [v for v in (n_in, n_out) if isinstance(v, (int, float))]
-        out.append(float(max(counts) * size) if counts and size else None)
+        counts = [v for v in (n_in, n_out) if isinstance(v, (int, float)) and v >= 0]
+        try:
+            b = float(max(counts) * size) if counts and size else None
+        except OverflowError:  # element counts beyond float64: no size
+            b = None
+        out.append(b if b is not None and math.isfinite(b) else None)
     return out
 
 
@@ -99,12 +105,13 @@ def placement(
     label of the process for anything else recorded on a device's pid. Stream: ``args.stream``,
     else the tid (or the N of a ``stream N`` tid name), on devices.
     """
-    n = len(pid)
     is_dev_cat = codes(ev["cat"], lambda c: c.lower() in device_categories, bool)
-    device = np.full(n, -1, dtype=np.int32)
     dev_arg = ints(ev["device_arg"], -1)
-    device[is_dev_cat] = np.where(dev_arg[is_dev_cat] >= 0, dev_arg[is_dev_cat], pid[is_dev_cat])
-    del dev_arg
+    chosen = np.where(dev_arg >= 0, dev_arg, pid)
+    # a device number beyond int32 (or a pid code below zero) names no device
+    chosen = np.where((chosen >= 0) & (chosen < _INT32), chosen, -1)
+    device = np.where(is_dev_cat, chosen, -1).astype(np.int32)
+    del dev_arg, chosen
     labelled = gpu_pids(meta_raw)
     if labelled:
         for p, d in labelled.items():
@@ -119,6 +126,7 @@ def placement(
     if neg is not None and neg.any():
         for code, text in named.items():
             m = _STREAM_NAME.search(text)
-            stream[neg & (tid == int(code))] = int(m.group(1)) if m else -1
+            k = small_int(m.group(1)) if m else None
+            stream[neg & (tid == int(code))] = -1 if k is None else k
     stream[~is_dev] = -1
     return device, stream

@@ -3,13 +3,19 @@ device events through the host call that launched them (same correlation id), el
 
 from __future__ import annotations
 
-import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xpuprof.trace.normalize.columns import LEVEL_CODE, codes, ints
+from xpuprof.trace.normalize.columns import LEVEL_CODE, codes, decode_json, ints, small_int
 from xpuprof.trace.normalize.levels import STEP_NAME
+
+
+def _step_of_name(name: str) -> int:
+    """N of ``ProfilerStep#N`` (-1: not a step name, or a number no step has)."""
+    m = STEP_NAME.match(name)
+    n = small_int(m.group(1)) if m else None
+    return -1 if n is None else n
 
 
 def steps(
@@ -24,11 +30,7 @@ def steps(
     is_step = level == LEVEL_CODE["step"]
     if not is_step.any():
         return pa.nulls(n, pa.int64())
-    step_no = codes(
-        ev["name"],
-        lambda v: int(m.group(1)) if (m := STEP_NAME.match(v)) else -1,
-        np.int64,
-    )
+    step_no = codes(ev["name"], _step_of_name, np.int64)
     step = np.full(n, -1, dtype=np.int64)
     rows = np.flatnonzero(is_step)
     if not rows.size:
@@ -44,12 +46,12 @@ def steps(
             ev["args"].take(take).to_pylist(),
             strict=True,
         ):
-            d = msgspec.json.decode(args) if args else None
-            v = d.get("step_num") if isinstance(d, dict) else None
-            if isinstance(v, int) and not isinstance(v, bool):
+            d = decode_json(args)
+            v = small_int(d.get("step_num")) if isinstance(d, dict) else None
+            if v is None and name:
+                v = small_int(name)
+            if v is not None:
                 step_no[r] = v
-            elif name and name.isdigit():
-                step_no[r] = int(name)
     step[rows] = step_no[rows]
     s_ts, s_end, s_no = ts[rows], ts[rows] + dur[rows], step_no[rows]
     # host events: the step span of the same process that contains their start
