@@ -11,6 +11,7 @@ import pytest
 from conftest import EXAMPLE, cli
 
 import xpuprof
+from xpuprof.trace.store import verify
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +40,6 @@ def test_import_through_a_scheduler_address_equals_in_process(ranks, tmp_path) -
     q = "select rank, level, count(*) as n, sum(dur) as d from events group by all order by all"
     with xpuprof.load(tmp_path / "local.store") as a, xpuprof.load(tmp_path / "remote.store") as b:
         assert a.sql(q).equals(b.sql(q))
+    # the workers' files are complete and listed; no lock or build folder stays behind
+    assert verify(tmp_path / "remote.store") == [] and verify(tmp_path / "local.store") == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local.store", "remote.store"]

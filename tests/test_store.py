@@ -17,37 +17,30 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from builders import HOST_PID, HOST_TID, TraceBuilder
 from conftest import EXAMPLE, read_trace_json
 
 import xpuprof
 from xpuprof.core.errors import XpuprofError
+from xpuprof.trace.store import verify
 
 TABLES = ("events", "flows", "links", "counters", "metadata")
 
 
 def small_trace(rank: int, n: int) -> dict[str, Any]:
-    """n host ops, each launching one kernel (with an ac2g flow pair), plus thread names."""
-    evs: list[dict[str, Any]] = [
-        {"ph": "M", "name": "thread_name", "pid": 10, "tid": 11, "args": {"name": "main"}},
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 10, "tid": 11,
-         "ts": 0, "dur": 100 * n + 50},
-    ]  # fmt: skip
+    """n host ops, each launching one kernel (with an ac2g flow pair) and sampling a counter,
+    plus a thread name."""
+    tb = TraceBuilder(rank=rank, world_size=3)
+    tb.add({"ph": "M", "name": "thread_name", "pid": HOST_PID, "tid": HOST_TID,
+            "args": {"name": "main"}})  # fmt: skip
+    tb.step(1, ts=0, dur=100 * n + 50)
     for i in range(n):
         t = 100 * i + 10
-        evs += [
-            {"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 3}", "pid": 10, "tid": 11,
-             "ts": t, "dur": 40},
-            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": 11,
-             "ts": t + 5, "dur": 10, "args": {"correlation": 1000 + i}},
-            {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": t + 20,
-             "dur": 30.5, "args": {"correlation": 1000 + i, "device": 0, "stream": 7}},
-            {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 1000 + i, "pid": 10, "tid": 11,
-             "ts": t + 5},
-            {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 1000 + i, "pid": 0, "tid": 7,
-             "ts": t + 20, "bp": "e"},
-            {"ph": "C", "name": "queue", "pid": 0, "ts": t, "args": {"depth": i % 4}},
-        ]  # fmt: skip
-    return {"distributedInfo": {"rank": rank, "world_size": 3}, "traceEvents": evs}
+        tb.op(f"aten::op{i % 3}", ts=t, dur=40)
+        tb.launch("gemm", ts=t + 20, dur=30.5, launch_ts=t + 5, launch_dur=10,
+                  correlation=1000 + i)  # fmt: skip
+        tb.counter("queue", ts=t, pid=0, depth=i % 4)
+    return tb.doc()
 
 
 @pytest.fixture
@@ -122,6 +115,7 @@ def test_layout_manifest_lists_existing_parquet_files(run_dir, tmp_path) -> None
     for t in TABLES:
         assert m["rows"][t] == sum(s["rows"][t] for s in m["sources"])
     assert report.rows == m["rows"] and report.noop is False
+    assert verify(store) == []  # the store's own check agrees with the one above
 
 
 def test_reimport_of_unchanged_files_is_a_noop(run_dir, tmp_path) -> None:

@@ -13,14 +13,14 @@ import logging
 import os
 import re
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpuprof.core.errors import TraceFormatError, XpuprofError
+from xpuprof.core.errors import StoreError, TraceFormatError, XpuprofError
 from xpuprof.trace import store as st
+from xpuprof.trace.store import abandon_staging, begin_staging  # noqa: F401 - live.remote's
 
 #: Below this much input, import in-process: a LocalCluster's start-up would cost more.
 PARALLEL_MIN_BYTES = 48 << 20
@@ -63,6 +63,7 @@ class ImportReport:
                     "rows": s["rows"],
                     "dropped": s["read"]["dropped"],
                     "truncated": s["read"].get("truncated", False),
+                    "notes": s["read"].get("notes", []),
                 }
                 for s in self.sources
             ],
@@ -83,14 +84,17 @@ def expand_sources(paths: list[str | Path]) -> list[Path]:
     all_readers = readers()
     out: list[Path] = []
     for p in map(Path, paths):
-        if p.is_dir():
-            if st.is_store(p):
-                raise XpuprofError(f"{p}: is an xpuprof store, not a trace to import")
-            out.extend(_scan(p, all_readers))
-        elif p.is_file():
-            out.append(p)
-        else:
-            raise XpuprofError(f"{p}: no such file or directory")
+        try:
+            if p.is_dir():
+                if st.is_store(p):
+                    raise XpuprofError(f"{p}: is an xpuprof store, not a trace to import")
+                out.extend(_scan(p, all_readers))
+            elif p.is_file():
+                out.append(p)
+            else:
+                raise XpuprofError(f"{p}: no such file or directory")
+        except OSError as e:  # a folder we may not list
+            raise XpuprofError(f"{e.filename or p}: cannot read ({e.strerror or e})") from None
     seen: set[Path] = set()
     unique = []
     for p in out:
@@ -139,26 +143,6 @@ def _scan(directory: Path, all_readers: list[Any]) -> list[Path]:
         )
         raise XpuprofError(f"{directory}: no {names} trace files in this directory")
     return found
-
-
-def begin_staging(root: Path) -> tuple[Path, list[Path]]:
-    """A hidden sibling folder to build a store in, and the parent folders made for it (so a
-    failure can remove them again): the store appears only by renaming this folder."""
-    made = [p for p in (root.parent, *root.parent.parents) if not p.exists()]
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = root.parent / f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    return staging, made
-
-
-def abandon_staging(staging: Path, made: list[Path]) -> None:
-    """Undo :func:`begin_staging` after a failure: nothing half-written stays behind."""
-    st.discard(staging)
-    for d in made:  # innermost first
-        try:
-            d.rmdir()
-        except OSError:
-            break
 
 
 def _report(
@@ -210,8 +194,13 @@ def import_file(
     Runs inside a Dask worker for parallel imports, so it takes and returns plain data.
     """
     p = Path(path)
-    stat = p.stat()
-    raw = read_source(p, lenient, progress)
+    try:
+        stat = p.stat()
+        raw = read_source(p, lenient, progress)
+    except OSError as e:
+        if e.errno is None:  # a decoder's complaint, not an I/O error
+            raise
+        raise XpuprofError(f"{p}: cannot read ({e.strerror or e})") from None
     entry = write_raw(raw, part, out_dir, rank_hint=rank_from_name(p))
     entry.update(path=str(p), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
     return entry
@@ -220,8 +209,9 @@ def import_file(
 def write_raw(
     raw: Any, part: int, out_dir: str | Path, *, rank_hint: int | None = None
 ) -> dict[str, Any]:
-    """Normalize one source's raw tables and write them as part ``part``; return its manifest
-    entry (without the source file's path, size and mtime, which the caller knows)."""
+    """Normalize one source's raw tables and write them as part ``part`` (under file names no
+    other writer produces; the commit flushes them); return its manifest entry (without the
+    source file's path, size and mtime, which the caller knows)."""
     import pyarrow.compute as pc
 
     from xpuprof.trace.normalize import build_tables
@@ -243,9 +233,10 @@ def write_raw(
     root = Path(out_dir)
     files = {}
     rows = {}
+    tag = st.unique_tag()
     for name in st.TABLES:
         t = getattr(tables, name)
-        rel = st.part_file(name, part)
+        rel = st.part_file(name, part, tag)
         st.write_table(t, root / rel)
         files[name] = rel
         rows[name] = t.num_rows
@@ -278,12 +269,15 @@ def write_raw(
             "category": read_cat,
             "dropped": dropped,
             "truncated": raw.truncated,
+            "notes": list(getattr(raw, "notes", [])),  # what was kept but changed (a negative dur)
         },
         "meta": {**raw.top, "string_ids": raw.string_ids},
     }
 
 
-def store_raw(raws: list[Any], store: str | Path) -> ImportReport:
+def store_raw(
+    raws: list[Any], store: str | Path, *, lock_wait: float = st.LOCK_WAIT_S
+) -> ImportReport:
     """Write raw traces held in memory (a live capture) as a new store, atomically.
 
     The store must not exist yet (or be an empty directory): a capture has no source file to
@@ -291,18 +285,25 @@ def store_raw(raws: list[Any], store: str | Path) -> ImportReport:
     """
     t0 = time.perf_counter()
     root = Path(store).resolve()
-    if root.exists() and (root.is_file() or any(root.iterdir())):
-        raise XpuprofError(f"{root}: exists and is not empty; not overwriting it")
-    staging, made = begin_staging(root)
+    made = st.make_parents(root)
     try:
-        entries = [write_raw(raw, part, staging) for part, raw in enumerate(raws)]
-        manifest = st.new_manifest(entries)
-        st.write_manifest(staging, manifest)
-        if root.exists():
-            root.rmdir()
-        os.replace(staging, root)
-    except BaseException:
-        abandon_staging(staging, made)
+        with st.StoreLock(root, wait=lock_wait):
+            st.clean_stale(root)
+            if root.exists() and (root.is_file() or any(root.iterdir())):
+                raise XpuprofError(f"{root}: exists and is not empty; not overwriting it")
+            staging, _ = st.begin_staging(root)
+            try:
+                entries = [write_raw(raw, part, staging) for part, raw in enumerate(raws)]
+                manifest = st.new_manifest(entries)
+                st.commit_new(staging, root, manifest)
+            except BaseException:
+                st.discard(staging)
+                raise
+    except BaseException as e:
+        if not root.exists():
+            st.remove_parents(made)
+        if isinstance(e, OSError):
+            raise StoreError(st.io_message(e, root)) from None
         raise
     return _report(root, manifest, t0, 1)
 
@@ -329,10 +330,22 @@ def _unchanged(entry: dict[str, Any], path: Path) -> bool:
     return False
 
 
+def _intact(root: Path, entry: dict[str, Any]) -> bool:
+    """True when every file of a store's source is still there (else import it again)."""
+    return not any(st.locate(root, rel) for rel in entry["files"].values() if rel)
+
+
 def _start_methods() -> list[str]:
     import multiprocessing
 
     return multiprocessing.get_all_start_methods()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError as e:
+        raise XpuprofError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def _run(
@@ -345,7 +358,7 @@ def _run(
 ) -> tuple[list[dict[str, Any]], int]:
     """Import each (file, part) into ``staging``: in this process for small inputs, else on
     Dask; return the manifest entries and the number of workers used."""
-    total = sum(p.stat().st_size for p, _ in jobs)
+    total = sum(_size(p) for p, _ in jobs)
     n_cpu = os.cpu_count() or 1
     if workers is None:
         parallel = len(jobs) > 1 and total >= PARALLEL_MIN_BYTES and n_cpu > 1
@@ -365,7 +378,7 @@ def _run_here(
     out = []
     done = 0
     for path, part in jobs:
-        size = path.stat().st_size
+        size = _size(path)
         base = done
 
         def cb(d: int, _t: int, base: int = base, size: int = size) -> None:
@@ -429,12 +442,12 @@ def _run_on_dask(
     try:
         n_workers = len(client.scheduler_info().get("workers", {})) or workers
         # biggest files first: the last task to start should be a small one
-        ordered = sorted(jobs, key=lambda j: -j[0].stat().st_size)
+        ordered = sorted(jobs, key=lambda j: -_size(j[0]))
         futures = [
             client.submit(import_file, str(p), part, str(staging), lenient, key=f"import-{part}")
             for p, part in ordered
         ]
-        sizes = {f"import-{part}": p.stat().st_size for p, part in ordered}
+        sizes = {f"import-{part}": _size(p) for p, part in ordered}
         results = []
         done = 0
         for fut in as_completed(futures):
@@ -463,6 +476,7 @@ def import_traces(
     workers: int | None = None,
     force: bool = False,
     progress: Progress | None = None,
+    lock_wait: float = st.LOCK_WAIT_S,
 ) -> ImportReport:
     """Import trace files (or directories of them) into ``store``.
 
@@ -470,15 +484,42 @@ def import_traces(
     modification time, or same SHA-256), are kept as they are; if nothing changed the import is
     a no-op. Nothing is left behind on error: a new store is built in a hidden sibling folder
     and renamed into place at the end, and an existing one changes only when its manifest is
-    replaced.
+    replaced. One writer at a time: the import holds the store's lock
+    (:class:`~xpuprof.trace.store.StoreLock`), waiting up to ``lock_wait`` seconds for another
+    writer before a :class:`StoreError` naming it; it also removes what killed writers left.
     """
     t0 = time.perf_counter()
     root = Path(store).resolve()
     sources = expand_sources(paths)
+    made = st.make_parents(root)
+    try:
+        with st.StoreLock(root, wait=lock_wait):
+            st.clean_stale(root)
+            return _import_locked(sources, root, t0, lenient, scheduler, workers, force, progress)
+    except BaseException as e:
+        if not root.exists():
+            st.remove_parents(made)
+        if isinstance(e, OSError):
+            raise StoreError(st.io_message(e, root)) from None
+        raise
+
+
+def _import_locked(
+    sources: list[Path],
+    root: Path,
+    t0: float,
+    lenient: bool,
+    scheduler: str | None,
+    workers: int | None,
+    force: bool,
+    progress: Progress | None,
+) -> ImportReport:
+    """:func:`import_traces` once the store's lock is held."""
     if root.exists() and not st.is_store(root):
         if root.is_file() or any(root.iterdir()):
             raise XpuprofError(f"{root}: exists and is not an xpuprof store; not overwriting it")
-    old = st.read_manifest(root) if st.is_store(root) else None
+    # files missing from the store are not an error here: their sources are imported again
+    old = st.read_manifest(root, check_files=False) if st.is_store(root) else None
     old_by_path = {s["path"]: s for s in old["sources"]} if old else {}
     keep: list[dict[str, Any]] = []
     old_mtimes: list[int] = []
@@ -486,7 +527,7 @@ def import_traces(
     for src in sources:
         entry = old_by_path.get(str(src))
         mtime = entry.get("mtime_ns") if entry is not None else None
-        if entry is not None and not force and _unchanged(entry, src):
+        if entry is not None and not force and _unchanged(entry, src) and _intact(root, entry):
             keep.append(entry)
             old_mtimes.append(mtime)
         else:
@@ -496,6 +537,7 @@ def import_traces(
             # touched but identical files: remember the new mtimes, so the next import does
             # not hash them again
             st.write_manifest(root, {**old, "sources": keep})
+        st.remove_unlisted(root, old)  # what an interrupted write left
         return ImportReport(
             store=str(root),
             noop=True,
@@ -509,27 +551,17 @@ def import_traces(
         )
     next_part = 1 + max((s["part"] for s in old["sources"]), default=-1) if old else 0
     jobs = [(p, next_part + i) for i, p in enumerate(todo)]
-    staging, made = begin_staging(root)
+    staging, _ = st.begin_staging(root)
     try:
         results, n_workers = _run(jobs, staging, lenient, scheduler, workers, progress)
         manifest = st.new_manifest(keep + results)
         if old is None:
-            st.write_manifest(staging, manifest)
-            if root.exists():  # an empty directory the user made for us
-                root.rmdir()
-            os.replace(staging, root)
+            st.commit_new(staging, root, manifest)
         else:
-            for r in results:
-                for rel in r["files"].values():
-                    (root / rel).parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(staging / rel, root / rel)
-            st.write_manifest(root, manifest)
-            st.remove_unlisted(root, manifest)
-            st.discard(staging)
-    except BaseException:
-        abandon_staging(staging, made)
-        raise
+            st.commit_into(root, staging, results, manifest)
+    finally:
+        st.discard(staging)  # gone already after a new store's rename
     return _report(root, manifest, t0, n_workers, [s["path"] for s in keep])
 
 
-__all__ = ["ImportReport", "TraceFormatError", "expand_sources", "import_traces"]
+__all__ = ["ImportReport", "StoreError", "TraceFormatError", "expand_sources", "import_traces"]

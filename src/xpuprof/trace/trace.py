@@ -2,7 +2,10 @@
 
 Nothing is loaded until asked for: opening a store reads only its manifest (so ``info`` is
 instant on any size), ``table()`` reads the Parquet columns it needs, and ``sql()`` lets DuckDB
-read the Parquet files directly, out of core.
+read the Parquet files directly, out of core. Before a table is first read, each of its files is
+checked against the manifest (footer, columns, rows): a damaged store is a ``StoreError`` naming
+the file, never a traceback or silently wrong rows. ``restricted=True`` gives the SQL a server
+may expose (``docs/store.md``).
 """
 
 from __future__ import annotations
@@ -15,9 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from xpuprof.core.errors import XpuprofError
+from xpuprof.core.errors import StoreError, XpuprofError
 from xpuprof.core.names import TABLES
 from xpuprof.trace import store as st
 
@@ -35,12 +36,30 @@ HEAVY_COLUMNS = ("args", "extra")
 
 
 class Trace:
-    """A normalized trace store (see ``docs/schema.md`` for its tables)."""
+    """A normalized trace store (see ``docs/schema.md`` for its tables).
 
-    def __init__(self, path: str | Path, *, _cleanup: Path | None = None) -> None:
+    ``restricted``: the SQL a server may expose to its clients: DuckDB reads nothing but this
+    store's Parquet files (no other file, no ATTACH, INSTALL, LOAD or COPY), its configuration
+    is locked, and :meth:`sql` runs one SELECT statement per call (``docs/store.md``). The
+    default is the unrestricted DuckDB of a local user (``xpuprof sql``). ``duckdb_config``:
+    settings of the connection (``{"memory_limit": "2GB", "threads": 2}``), applied before a
+    restricted connection locks its configuration.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        restricted: bool = False,
+        duckdb_config: dict[str, Any] | None = None,
+        _cleanup: Path | None = None,
+    ) -> None:
         self.path = Path(path).resolve()
         self.manifest = st.read_manifest(self.path)
+        self.restricted = restricted
+        self.duckdb_config = dict(duckdb_config or {})
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._checked: set[str] = set()
         self._cleanup = _cleanup
         if _cleanup is not None:
             self._finalizer = weakref.finalize(self, shutil.rmtree, str(_cleanup), True)
@@ -123,12 +142,23 @@ class Trace:
     # -- tables ------------------------------------------------------------------------------
 
     def files(self, table: str) -> list[Path]:
+        """The Parquet files of one table, checked against the manifest (once per Trace)."""
         if table not in TABLES:
             raise XpuprofError(f"unknown table {table!r}; tables are: {', '.join(TABLES)}")
+        if table not in self._checked:
+            for s in self.sources:
+                rel = s["files"].get(table)
+                problem = rel and st.check_file(
+                    self.path, rel, table, s["rows"][table], part=s["part"]
+                )
+                if problem:
+                    raise StoreError(problem)
+            self._checked.add(table)
         return [self.path / f for f in st.files_of(self.manifest, table)]
 
     def table(self, name: str, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
         """One table as Arrow, all parts together (optionally a subset of columns / rows)."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         from xpuprof.core.schema import SCHEMAS
@@ -138,9 +168,12 @@ class Trace:
         if not files:
             t = schema.empty_table()
             return t.select(columns) if columns else t
-        return pq.read_table(
-            [str(f) for f in files], columns=columns, filters=filters, schema=schema
-        )
+        try:
+            return pq.read_table(
+                [str(f) for f in files], columns=columns, filters=filters, schema=schema
+            )
+        except (pa.ArrowException, OSError) as e:  # damage past the footer
+            raise StoreError(f"{self.path}: cannot read the {name} table ({e})") from None
 
     @cached_property
     def events(self) -> pd.DataFrame:
@@ -179,8 +212,12 @@ class Trace:
         want = pa.array(list(ids), pa.int64())
         t = self.table("events", columns=["id", "args"])
         t = t.filter(pc.is_in(t["id"], want))
+        from xpuprof.core.raw import decode_json
+
+        # text that cannot be decoded here (nesting deeper than Python allows) comes back as
+        # the text itself: the source's args are never lost, and never an exception
         return {
-            i: (None if a is None else msgspec.json.decode(a))
+            i: decode_json(a, default=a)
             for i, a in zip(t["id"].to_pylist(), t["args"].to_pylist(), strict=True)
         }
 
@@ -188,44 +225,88 @@ class Trace:
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
-        """A DuckDB connection with one view per table, reading the Parquet files in place."""
+        """A DuckDB connection with one view per table, reading the Parquet files in place
+        (restricted to them, its configuration locked, when the Trace is ``restricted``)."""
         if self._con is None:
             import duckdb
 
             from xpuprof.core.schema import SCHEMAS
 
-            con = duckdb.connect()
-            for name in TABLES:
-                files = self.files(name)
-                if files:
-                    lst = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
-                    con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{lst}])")
-                else:
-                    con.register(f"_{name}_empty", SCHEMAS[name].empty_table())
-                    con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
+            files = {name: self.files(name) for name in TABLES}
+            try:
+                con = duckdb.connect(config=self.duckdb_config)
+            except duckdb.Error as e:
+                raise XpuprofError(f"DuckDB settings {self.duckdb_config}: {e}") from None
+            try:
+                if self.restricted:
+                    allowed = [f for fs in files.values() for f in fs]
+                    con.execute("SET autoinstall_known_extensions = false")
+                    con.execute("SET autoload_known_extensions = false")
+                    con.execute(f"SET allowed_paths = [{_sql_list(allowed)}]")
+                for name in TABLES:
+                    if files[name]:
+                        con.execute(f"CREATE VIEW {name} AS SELECT * FROM "
+                                    f"read_parquet([{_sql_list(files[name])}])")  # fmt: skip
+                    else:
+                        con.register(f"_{name}_empty", SCHEMAS[name].empty_table())
+                        con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
+                if self.restricted:
+                    con.execute("SET enable_external_access = false")
+                    con.execute("SET lock_configuration = true")
+            except BaseException:
+                con.close()
+                raise
             self._con = con
         return self._con
 
     def sql(self, query: str) -> pd.DataFrame:
         """Run SQL over the store's tables (``events``, ``flows``, ``links``, ``counters``,
-        ``metadata``) and return a DataFrame."""
+        ``metadata``) and return a DataFrame. A restricted Trace runs one SELECT (or EXPLAIN)
+        statement per call and refuses the rest."""
         import duckdb
 
+        con = self.con
         try:
-            return self.con.execute(query).df()
+            if not self.restricted:
+                return con.execute(query).df()
+            statements = con.extract_statements(query)
+            if len(statements) != 1:
+                raise XpuprofError(
+                    f"restricted SQL runs one statement at a time; got {len(statements)}"
+                )
+            kind = statements[0].type
+            if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
+                raise XpuprofError(
+                    f"restricted SQL runs only one SELECT statement (a query); this is {kind.name}"
+                )
+            return con.execute(statements[0]).df()
         except duckdb.Error as e:
+            if isinstance(e, duckdb.IOException) and str(self.path) in str(e):
+                raise StoreError(f"{self.path}: damaged store ({e})") from None
             raise XpuprofError(f"SQL error: {e}") from None
 
 
-def load(path: str | Path, *, lenient: bool = False, scheduler: str | None = None) -> Trace:
+def _sql_list(paths: list[Path]) -> str:
+    """Paths as the items of a DuckDB list literal."""
+    return ", ".join("'" + str(f).replace("'", "''") + "'" for f in paths)
+
+
+def load(
+    path: str | Path,
+    *,
+    lenient: bool = False,
+    scheduler: str | None = None,
+    restricted: bool = False,
+) -> Trace:
     """Open a store, or import trace files (a file, or a directory of them) on the fly.
 
     An on-the-fly import goes to a temporary store that is deleted when the Trace is closed or
-    garbage-collected; import with ``xpuprof import`` to keep it.
+    garbage-collected; import with ``xpuprof import`` to keep it. ``restricted``: see
+    :class:`Trace`.
     """
     p = Path(path)
     if st.is_store(p):
-        return Trace(p)
+        return Trace(p, restricted=restricted)
     if not p.exists():
         raise XpuprofError(f"{p}: no such file or directory")
     from xpuprof.trace.ingest import import_traces
@@ -237,7 +318,7 @@ def load(path: str | Path, *, lenient: bool = False, scheduler: str | None = Non
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Trace(tmp / "store", _cleanup=tmp)
+    return Trace(tmp / "store", restricted=restricted, _cleanup=tmp)
 
 
 _TEMP_DIRS: set[str] = set()
