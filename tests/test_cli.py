@@ -10,13 +10,14 @@ time); the exit-code and start-up checks run ``xpuprof`` as a user would, in a n
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
 
 import pytest
 from builders import TraceBuilder
-from conftest import EXAMPLE, cli, read_trace_json
+from conftest import EXAMPLE, cli, cli_many, read_trace_json
 from typer.testing import CliRunner
 
 from xpuprof.ui import cli as cli_module
@@ -175,3 +176,114 @@ def test_demo_records_the_steps_it_is_asked_for(tmp_path) -> None:
     assert doc["levels"]["step"] == 2 and doc["levels"]["layer"] > 0
     shown = invoke("summary", tmp_path / "demo.store")
     assert "slowest layers" in shown.stdout and "overview" in shown.stdout
+
+
+# ------------------------------------------------------------------ never a traceback
+
+#: A real ``xpuprof`` process whose ``hardware`` tool runs BODY (a stand-in for a bug, or for
+#: what the machine does to a command: Ctrl-C, a full disk).
+_FAULTY = """
+import os, signal, sys, time
+import xpuprof.ui.tools as tools
+from xpuprof.ui.cli import main
+
+def hardware():
+    {body}
+
+tools.hardware = hardware
+main()  # as the xpuprof script does: the arguments from sys.argv
+"""
+
+
+def _faulty(
+    body: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _FAULTY.format(body=body), *args],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def test_an_unexpected_error_is_one_line_and_a_hint() -> None:
+    proc = _faulty("return {}['no such key']", "hardware")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == (
+        "error: unexpected KeyError: 'no such key'\n"
+        "  rerun with --debug for the traceback (and please report it)\n"
+    )
+    proc = _faulty("raise ValueError('first line\\n   second line')", "hardware", "--json")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[0] == "error: unexpected ValueError: first line second line"
+
+
+@pytest.mark.parametrize("how", ["after", "before", "env"])
+def test_debug_shows_the_traceback(how) -> None:
+    args = {"after": ["hardware", "--debug"], "before": ["--debug", "hardware"],
+            "env": ["hardware"]}[how]  # fmt: skip
+    env = {"XPUPROF_DEBUG": "1"} if how == "env" else {}
+    proc = _faulty("return {}['no such key']", *args, env=env)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("Traceback (most recent call last):")
+    assert "in hardware" in proc.stderr  # the frame where it happened
+    assert proc.stderr.endswith("error: unexpected KeyError: 'no such key'\n")
+
+
+def test_a_users_error_stays_one_line_and_debug_adds_its_traceback(tmp_path) -> None:
+    proc = cli("overview", tmp_path / "missing")
+    assert (
+        proc.returncode == 2
+        and proc.stderr == f"error: {tmp_path / 'missing'}: no such file or directory\n"
+    )
+    proc = cli("overview", tmp_path / "missing", "--debug")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Traceback") and "XpuprofError" in proc.stderr
+    assert proc.stderr.endswith(f"error: {tmp_path / 'missing'}: no such file or directory\n")
+
+
+def test_what_the_machine_refuses_is_one_line_exit_2(tmp_path) -> None:
+    """A full disk or a folder one may not write: the system's words and the file."""
+    target = tmp_path / "no-such-dir" / "out.json"
+    proc = _faulty(f"open({str(target)!r}, 'w')", "hardware")
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: {target}: No such file or directory\n"
+
+
+def test_ctrl_c_is_one_line_exit_130() -> None:
+    """A real SIGINT, delivered while the command runs."""
+    proc = _faulty("os.kill(os.getpid(), signal.SIGINT); time.sleep(30)", "hardware")
+    assert proc.returncode == 130
+    assert proc.stderr == "interrupted\n" and proc.stdout == ""
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_closed_pipe_ends_quietly(store, as_json) -> None:
+    """``xpuprof sql … | head -1`` where head has already gone: nothing on stderr, the exit
+    code of a command whose output was cut short."""
+    args = ["sql", str(store), "select name from events", *(["--json"] if as_json else [])]
+    proc = subprocess.Popen([sys.executable, "-m", "xpuprof.ui.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1
+    assert err == b""
+
+
+def test_capture_takes_only_real_durations(tmp_path) -> None:
+    """``--duration nan`` gave a traceback; nothing is captured or created for a bad one."""
+    bad = ["nan", "inf", "-1", "abc", "0", "1e3", ""]
+    procs = cli_many([["capture", "http://127.0.0.1:9", "-o", tmp_path / f"c{i}.store",
+                       "--token", "t", "--duration", d] for i, d in enumerate(bad)])  # fmt: skip
+    for d, proc in zip(bad, procs, strict=True):
+        assert proc.returncode == 2, (d, proc.stderr)
+        assert proc.stderr.startswith("error: --duration ") and proc.stderr.count("\n") == 1, (
+            d, proc.stderr)  # fmt: skip
+        assert repr(d) in proc.stderr
+    assert not list(tmp_path.iterdir())
+    for text, seconds in (("2s", 2.0), ("500ms", 0.5), ("1.5", 1.5), ("1m", 60.0),
+                          (" 2 S", 2.0), (".25s", 0.25)):  # fmt: skip
+        assert cli_module._seconds(text) == seconds
+
+
+def test_sql_says_it_has_the_users_full_access() -> None:
+    shown = " ".join(invoke("sql", "--help").stdout.split())
+    assert "full access to this machine" in shown and "read and write any file" in shown
+    assert "a restricted Trace instead, whose DuckDB reads nothing but the store's own" in shown

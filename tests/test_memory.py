@@ -14,6 +14,7 @@ from conftest import read_trace_json, shared
 
 import xpuprof
 from xpuprof.analysis.memory import memory, memory_timeline
+from xpuprof.core.errors import XpuprofError
 
 
 def _mem(tb, ts, addr, nbytes, total, *, dev_type=1, dev_id=0, reserved=1000):
@@ -98,8 +99,14 @@ def test_nested_attribution_and_device_filter(tmp_path):
         assert pd.isna(live["layer"])
         r = memory_timeline(t, device="cpu")
         assert r["peaks"].empty and any("no [memory] events" in n for n in r.notes)
-        with pytest.raises(ValueError):
+        with pytest.raises(XpuprofError, match="device 'gpu-zero': expected"):
             memory_timeline(t, device="gpu-zero")
+        with pytest.raises(XpuprofError, match="device 'cuda:x': expected"):
+            memory_timeline(t, device="cuda:x")
+        # an index as the command line spells it (--device 0): the device id, of any type
+        live = memory_timeline(t, device="0")["live"]
+        assert live[["addr", "bytes"]].values.tolist() == [[7, 64]]
+        assert memory_timeline(t, device="1")["live"].empty
 
 
 def test_no_memory_events_is_a_note(tmp_path):

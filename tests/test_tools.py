@@ -106,6 +106,11 @@ def test_one_parser_for_ranks_and_steps() -> None:
     assert tools.parse_steps("drop-last") == tools.parse_steps("drop_last") == "drop-last"
     assert tools.parse_steps("3,5-7") == [3, 5, 6, 7]
     assert tools.parse_ranks("0-3") == [0, 1, 2, 3] and tools.parse_ranks("all") is None
+    for bad in ("", ",", "7-3", "-3", "3-", "x"):  # nothing selected by mistake: an error
+        with pytest.raises(XpuprofError, match="not a list of numbers"):
+            tools.parse_steps(bad)
+    with pytest.raises(XpuprofError, match="more than 100,000 numbers"):
+        tools.parse_ranks("0-999999999999")  # a typo, not a list to build in memory
 
 
 # ------------------------------------------------------------------ numbers, from the raw JSON

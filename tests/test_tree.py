@@ -268,3 +268,13 @@ def test_parents_agree_with_a_brute_force_nesting_of_the_raw_json(nccl, raw_json
             assert first_op is not None and got is not None, (i, got, first_op)
             assert (events[got]["ts"], events[got]["dur"]) == (
                 events[first_op]["ts"], events[first_op]["dur"])  # fmt: skip
+
+
+def test_walks_on_an_empty_tree_find_nothing() -> None:
+    """An empty selection (no events on the ranks asked for) walks to -1, never raises."""
+    from xpuprof.trace.tree import walk_up
+
+    empty = np.empty(0, np.int64)
+    for strict in (False, True):
+        got = walk_up(empty, np.array([-1, -1]), np.empty(0, bool), strict=strict)
+        assert got.tolist() == [-1, -1]

@@ -189,3 +189,82 @@ def select_rows(
     if levels is not None:
         mask &= t.is_level(*levels)
     return np.flatnonzero(mask)
+
+
+# ------------------------------------------------------------------ what a selection found
+
+
+def number_ranges(numbers: Iterable[int], most: int = 12) -> str:
+    """``[0, 1, 2, 3, 7, 8]`` → ``"0-3, 7, 8"`` (runs of three or more as ranges); beyond
+    ``most`` entries, the rest is counted."""
+    xs = sorted({int(n) for n in numbers})
+    runs: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        if j - i >= 2:
+            runs.append(f"{xs[i]}-{xs[j]}")
+        else:
+            runs.extend(map(str, xs[i : j + 1]))
+        i = j + 1
+    if len(runs) > most:
+        return f"{', '.join(runs[:most])}, … ({len(xs):,} in all)"
+    return ", ".join(runs)
+
+
+def _counts(trace: Trace) -> pd.DataFrame:
+    """Events per (rank, step), nulls included: what a selection is checked against (one
+    group-by, cached on the trace)."""
+    key = ("events per rank and step",)
+    if key not in trace.memo:
+        trace.memo[key] = trace.sql("select rank, step, count(*) as n from events group by all")
+    return trace.memo[key]
+
+
+def _plural(word: str, n: int) -> str:
+    return word if n == 1 else word + "s"
+
+
+def selection_notes(
+    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None
+) -> tuple[list[str], bool]:
+    """What a rank or step selection asks for that the store does not hold, as notes (e.g.
+    ``no events on rank 5; ranks in this store: 0``), and whether it selects any event at all.
+    Tools answer an empty selection with empty tables; these notes say why, in the terms the
+    user chose, instead of leaving them to guess (no steps? no device? a typo in --rank?)."""
+    ranks = None if ranks is None else [int(r) for r in ranks]
+    counts = _counts(trace)
+    if not int(counts["n"].sum()):
+        return ["this store holds no events: there is nothing to analyse"], False
+    rank = counts["rank"]
+    notes: list[str] = []
+    if ranks is not None:
+        want = sorted({int(r) for r in ranks})
+        have = sorted(int(r) for r in rank.dropna().unique())
+        missing = sorted(set(want) - set(have))
+        if missing:
+            on = f"no events on {_plural('rank', len(missing))} {number_ranges(missing)}"
+            notes.append(f"{on}; ranks in this store: {number_ranges(have)}" if have else
+                         f"{on}: the events of this store carry no rank number")  # fmt: skip
+        want = sorted(set(want) & set(have)) or want
+        counts = counts[rank.isin(want)]
+    mode, numbers = step_mode(steps)
+    if mode == "list" and not counts.empty:
+        have = sorted(int(s) for s in counts["step"].dropna().unique())
+        missing = sorted(set(numbers or ()) - set(have))
+        gone = f"no events in {_plural('step', len(missing))} {number_ranges(missing)}"
+        where = ("in this store" if ranks is None else
+                 f"on {_plural('rank', len(want))} {number_ranges(want)}")  # fmt: skip
+        if missing and have:
+            notes.append(f"{gone}; steps {where}: {number_ranges(have)}")
+        elif missing:
+            notes.append(f"{gone}: there are no step spans {where}")
+        counts = counts[counts["step"].isin(numbers or ())]
+    selected = bool(int(counts["n"].sum()))
+    if not selected and not notes:  # an empty list of ranks or steps
+        asked = [f"ranks {ranks}" if ranks is not None else "",
+                 f"steps {numbers}" if mode == "list" else ""]  # fmt: skip
+        notes.append(f"the selection ({', '.join(filter(None, asked))}) matches no event")
+    return notes, selected

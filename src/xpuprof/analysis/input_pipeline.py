@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from xpuprof.analysis.common import Result, StepSelection, merge_intervals, where_clause
+from xpuprof.core.errors import XpuprofError
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -57,7 +58,10 @@ def input_pipeline(
     selected step time, over every rank).
     """
     res = Result()
-    rx = re.compile(pattern, re.IGNORECASE) if pattern else INPUT_NAME
+    try:
+        rx = re.compile(pattern, re.IGNORECASE) if pattern else INPUT_NAME
+    except re.error as e:
+        raise XpuprofError(f"pattern {pattern!r}: not a regular expression ({e})") from None
     step_rows = trace.sql(
         "select rank, pid, step, ts, dur from events where level = 'step' and "
         f"{where_clause(ranks, steps)} order by rank, ts"

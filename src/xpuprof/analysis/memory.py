@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from xpuprof.analysis.common import Result, steps_where, where_clause
+from xpuprof.core.errors import XpuprofError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -49,10 +50,12 @@ def _device_filter(device: Any) -> tuple[int | None, int | None]:
     if isinstance(device, (int, np.integer)):
         return None, int(device)
     s = str(device).strip().lower()
+    if s.isdigit():  # an index, as the command line spells it
+        return None, int(s)
     kind, _, num = s.partition(":")
     codes = {v: k for k, v in DEVICE_TYPES.items()}
-    if kind not in codes:
-        raise ValueError(f"device {device!r}: expected e.g. 'cuda', 'cuda:0', 'cpu' or an index")
+    if kind not in codes or not (num.isdigit() or not num):
+        raise XpuprofError(f"device {device!r}: expected e.g. 'cuda', 'cuda:0', 'cpu' or an index")
     return codes[kind], (int(num) if num else None)
 
 

@@ -47,6 +47,7 @@ from xpuprof.analysis.common import (
     where_clause,
 )
 from xpuprof.analysis.input_pipeline import INPUT_NAME
+from xpuprof.core.errors import XpuprofError
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -104,6 +105,8 @@ def overview(
     Facts: ``ranks``, ``steps`` (step windows summarised), ``host_only`` (no selected rank has
     device events: a CPU run), and of the rank with the slowest mean step: ``step_ms_mean``
     and ``bottleneck``."""
+    if top < 0:
+        raise XpuprofError(f"top: ops and kernels to list, 0 or more, not {top}")
     res = Result()
     w = where_clause(ranks, steps)
     step_rows = trace.sql(
@@ -118,7 +121,7 @@ def overview(
             f"select rank, min(ts) as ts, max(ts + coalesce(dur, 0)) - min(ts) as dur "
             f"from events where {w} group by rank"
         )
-        span["step"] = -1
+        span["step"] = pd.array([pd.NA] * len(span), dtype="Int64")  # no step: shown as "-"
         step_rows = span[["rank", "step", "ts", "dur"]]
         if step_rows.empty:
             res.notes.append("no events selected: nothing to summarise")

@@ -103,6 +103,8 @@ def walk_up(
     One vectorized step per nesting level, over the start rows only."""
     start = np.asarray(start, np.int64)
     out = np.full(len(start), -1, np.int64)
+    if not len(parent):  # an empty tree: nothing has an ancestor (and nothing to index)
+        return out
     cur = start if not strict else np.where(start >= 0, parent[np.maximum(start, 0)], -1)
     idx = np.flatnonzero(cur >= 0)
     cur = cur[idx]

@@ -6,7 +6,10 @@ commands written here are the ones that are not analyses: import, sql, export, c
 
 Every command that prints a table also takes ``--json`` and then prints exactly one JSON
 document on stdout, so scripts and tests read numbers rather than text. Errors print one line on
-stderr (``error: <file>: <what> (at <where>)``) and exit with code 2.
+stderr (``error: <file>: <what> (at <where>)``) and exit with code 2; anything unexpected prints
+one line and a hint to rerun with ``--debug`` (the traceback), exit 1; Ctrl-C prints one line,
+exit 130; a closed pipe (``| head``) ends the command quietly. :func:`main` is where all of that
+is decided, once.
 
 Heavy libraries (pyarrow, pandas, DuckDB, Dask) are imported inside the commands that need them,
 so ``xpuprof info`` answers from the manifest alone in a fraction of a second.
@@ -16,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,10 +51,53 @@ _JSON = typer.Option(False, "--json", help="Print one JSON document.")
 _LIMIT = typer.Option(20, "--limit", help="Rows to print per table (all rows with --json).")
 
 
-def _fail(e: Exception) -> None:
+#: What ``--debug`` (or ``XPUPROF_DEBUG=1``) turned on: tracebacks for every error.
+_DEBUG = {"on": False}
+
+#: Exit codes: a user's error (bad input, a damaged file), a bug, Ctrl-C (128 + SIGINT).
+EXIT_ERROR, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
+
+#: The hint under an unexpected error.
+BUG_HINT = "rerun with --debug for the traceback (and please report it)"
+
+
+def _error_line(message: str) -> None:
     # escape: a file named "trace[rank0].json" must not be read as Rich markup
-    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def _fail(e: Exception) -> None:
+    if _DEBUG["on"]:
+        import traceback
+
+        traceback.print_exc()
+    _error_line(str(e))
+    raise typer.Exit(EXIT_ERROR)
+
+
+def _documented(name: str | None = None) -> Any:
+    """``app.command`` with the docstring as help, each paragraph on one line: Rich's help
+    keeps the docstring's line breaks, which read as broken sentences in a terminal."""
+
+    def register(fn: Any) -> Any:
+        paragraphs = (inspect.getdoc(fn) or "").split("\n\n")
+        return app.command(name, help="\n\n".join(" ".join(p.split()) for p in paragraphs))(fn)
+
+    return register
+
+
+@app.callback()
+def _options(
+    debug: bool = typer.Option(
+        False, "--debug", help="Show the traceback of any error (or set XPUPROF_DEBUG=1)."
+    ),
+) -> None:
+    """xpuprof: performance analysis for ML programs on accelerators."""
+    _DEBUG["on"] = debug or _debug_env()
+
+
+def _debug_env() -> bool:
+    return os.environ.get("XPUPROF_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class _FormatsHelp(typer.core.TyperCommand):
@@ -97,7 +145,7 @@ def import_cmd(
         render.result(tools.import_result(report), out)
 
 
-@app.command()
+@_documented()
 def sql(
     store: Path = typer.Argument(
         ..., help="Store directory (or a trace file, imported on the fly)."
@@ -108,7 +156,13 @@ def sql(
     limit: int = typer.Option(50, "--limit", help="Rows to print (all rows with --json)."),
     as_json: bool = _JSON,
 ) -> None:
-    """Run a DuckDB SQL query over a store."""
+    """Run a DuckDB SQL query over a store.
+
+    The query runs with your own full access to this machine, as your shell does: DuckDB can
+    read and write any file you can, ATTACH databases, install extensions and run several
+    statements. That is right for a tool you run yourself; a server that reads stores for
+    others (the web UI) uses a restricted Trace instead, whose DuckDB reads nothing but the
+    store's own files and runs one SELECT per query."""
     from xpuprof.trace.trace import load
 
     try:
@@ -157,19 +211,20 @@ def export(
         )
 
 
+#: A duration: a decimal number and an optional unit (no exponents, nan or inf).
+_DURATION = re.compile(r"(?P<n>[+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?P<unit>ms|s|m|min)?")
+_UNITS = {"ms": 1e-3, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0}
+
+
 def _seconds(text: str) -> float:
-    """``2s``, ``500ms``, ``1.5``, ``1m`` → seconds."""
-    t = text.strip().lower()
-    for suffix, scale in (("ms", 1e-3), ("s", 1.0), ("m", 60.0)):
-        if t.endswith(suffix):
-            t, mult = t[: -len(suffix)], scale
-            break
-    else:
-        mult = 1.0
-    try:
-        return float(t) * mult
-    except ValueError:
-        raise XpuprofError(f"not a duration: {text!r} (use e.g. 2s, 500ms, 1m)") from None
+    """``2s``, ``500ms``, ``1.5``, ``1m`` → seconds: finite and more than 0, or an error
+    naming the text (``nan``, ``inf``, ``-1`` and ``1e3`` are not durations)."""
+    m = _DURATION.fullmatch(text.strip().lower())
+    seconds = float(m["n"]) * _UNITS[m["unit"]] if m else math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise XpuprofError(f"--duration {text!r}: not a finite number of seconds > 0 "
+                           "(e.g. 2s, 500ms)")  # fmt: skip
+    return seconds
 
 
 @app.command()
@@ -196,7 +251,7 @@ def capture(
     show("info", [store], {}, as_json)
 
 
-@app.command()
+@_documented()
 def demo(
     store: Path = typer.Option(
         Path("xpuprof-demo.store"), "-o", "--output", help="Store directory to write."
@@ -267,22 +322,27 @@ def show(
     more: str = "--limit N or --json for all",
 ) -> None:
     """Run tool ``name`` on the stores (or trace files, imported on the fly) and print its
-    Result (or its JSON document); errors exit with code 2 and one line."""
+    Result (or its JSON document); errors exit with code 2 and one line, and so does an
+    answer that reports problems (``info --check``), after printing them."""
     from xpuprof.trace.trace import load
 
     try:
-        with contextlib.ExitStack() as stack:
-            traces = [stack.enter_context(load(s)) for s in stores]
-            if as_json:
-                doc = tools.document(name, *traces, **options)
-            else:
-                res = tools.run(name, *traces, **options)
+        answer = tools.check_first(name, stores, options, as_json)
+        if answer is None:
+            with contextlib.ExitStack() as stack:
+                traces = [stack.enter_context(load(s)) for s in stores]
+                if as_json:
+                    answer = tools.document(name, *traces, **options)
+                else:
+                    answer = tools.run(name, *traces, **options)
     except XpuprofError as e:
         _fail(e)
     if as_json:
-        render.print_json(doc)
+        render.print_json(answer)
     else:
-        render.result(res, out, limit, more)
+        render.result(answer, out, limit, more)
+    if tools.problems(answer):
+        raise typer.Exit(EXIT_ERROR)
 
 
 _STORE = "store directory (or a trace file, imported on the fly)."
@@ -331,17 +391,76 @@ for _tool in tools.TOOLS:
     app.command(_tool.name, help=_tool.help)(_command(_tool))
 
 
-def main() -> None:
+def _debug_flag(args: list[str]) -> tuple[list[str], bool]:
+    """``--debug`` anywhere on the line (before a ``--``) moved to the front, where the
+    global option is parsed, so that ``xpuprof overview s --debug`` works too."""
+    end = args.index("--") if "--" in args else len(args)
+    found = "--debug" in args[:end]
+    rest = [a for i, a in enumerate(args) if i >= end or a != "--debug"]
+    return (["--debug", *rest] if found else rest), found
+
+
+def _quiet_stdout() -> None:
+    """The reader of stdout is gone (``| head``): send what is still buffered nowhere, so
+    that Python's exit does not report the broken pipe again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _unexpected(e: BaseException) -> int:
+    """One line for an exception no command expected, and the hint; the exit code."""
+    if isinstance(e, OSError) and e.errno is not None and e.strerror:
+        # the machine said no (disk full, permission denied): the user can act on it
+        _error_line(f"{e.filename}: {e.strerror}" if e.filename else e.strerror)
+        return EXIT_ERROR
+    text = " ".join(str(e).split())
+    text = text if len(text) <= 300 else text[:299] + "…"
+    kind = "out of memory" if isinstance(e, MemoryError) else type(e).__name__
+    _error_line(f"unexpected {kind}" + (f": {text}" if text else ""))
+    if not _DEBUG["on"]:
+        err.print(f"  {BUG_HINT}", highlight=False, soft_wrap=True)
+    return EXIT_BUG
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``xpuprof`` command: never a traceback unless asked for (``--debug``)."""
     # Arrow's default allocator (mimalloc) keeps freed memory for reuse: importing a 2 GB trace
     # peaked at 4.5 GB with it and at 3.5 GB with the system allocator, which was also no
     # slower on the import benchmark. Set before pyarrow is first imported; a user's own
     # choice of pool wins.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    args, flag = _debug_flag(list(sys.argv[1:] if argv is None else argv))
+    _DEBUG["on"] = flag or _debug_env()
+    code = 0
     try:
-        app()
-    except XpuprofError as e:  # raised outside a command's own handler
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        try:
+            app(args=args, prog_name="xpuprof")
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not at exit
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else EXIT_ERROR
+        if isinstance(e.code, str):  # sys.exit("message"): a message, one line
+            _error_line(e.code)
+        if code == EXIT_INTERRUPTED:  # Typer's answer to Ctrl-C inside a command: silent
+            err.print("interrupted", highlight=False)
+    except KeyboardInterrupt:
+        err.print("interrupted", highlight=False)
+        code = EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        code = EXIT_BUG
+    except Exception as e:
+        if _DEBUG["on"]:
+            import traceback
+
+            traceback.print_exc()
+        if isinstance(e, XpuprofError):  # raised outside a command's own handler
+            _error_line(str(e))
+            code = EXIT_ERROR
+        else:
+            code = _unexpected(e)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -257,7 +257,7 @@ def _paragraphs(title: str, cols: list[str], rows: list[list[Any]],
     grid.title_justify = "left"
     grid.title_style = "bold"
     grid.add_column(justify="right", no_wrap=True)
-    grid.add_column()
+    grid.add_column(overflow="fold")  # a word wider than the terminal (a path) breaks, whole
     for i, r in enumerate(rows, 1):
         rec = dict(zip(cols, r, strict=True))
         text = [escape(line.format(**rec)) for line in lines] or [escape(str(rec))]

@@ -84,15 +84,27 @@ def _resolve(target: str) -> Callable[..., Any]:
 # ---------------------------------------------------------------------------------- options
 
 
+#: The most numbers a list of ranks or steps may hold (``0-999999999999`` would not fit in memory).
+MAX_NUMBERS = 100_000
+
+
 def parse_numbers(text: str) -> list[int]:
-    """``3``, ``3,5,9`` or ``3-7`` (inclusive) → a list of ints."""
+    """``3``, ``3,5,9`` or ``3-7`` (inclusive) → a list of ints; nothing, or a range that
+    runs backwards (``7-3``), is an error rather than a selection of nothing."""
     out: list[int] = []
     try:
         for part in filter(None, (p.strip() for p in text.split(","))):
-            lo, _, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+            lo, dash, hi = part.partition("-")
+            if dash and (not hi or int(hi) < int(lo)):
+                raise ValueError(part)
+            numbers = range(int(lo), int(hi) + 1) if dash else [int(lo)]
+            if len(out) + len(numbers) > MAX_NUMBERS:
+                raise XpuprofError(f"{text!r}: more than {MAX_NUMBERS:,} numbers")
+            out.extend(numbers)
     except ValueError:
-        raise XpuprofError(f"not a list of numbers: {text!r} (use e.g. 3, 3,5 or 3-7)") from None
+        out = []
+    if not out:
+        raise XpuprofError(f"not a list of numbers: {text!r} (use e.g. 3, 3,5 or 3-7)")
     return out
 
 
@@ -145,13 +157,40 @@ def _call(tool: Tool, traces: tuple[Trace, ...], options: dict[str, Any]) -> dic
 
 def run(name: str, *traces: Trace, **options: Any) -> Result:
     """Run the tool ``name`` on ``traces`` with ``options`` (its keywords; see :data:`TOOLS`)
-    and return its Result, each table with its presentation."""
+    and return its Result, each table with its presentation. A rank or step selection that
+    asks for what a store does not hold is named in the notes first; one that selects no
+    event at all replaces the tool's notes (which would only guess at why it found nothing)."""
     tool = get(name)
-    res = tool.function()(*traces, **_call(tool, traces, options))
+    kw = _call(tool, traces, options)
+    res = tool.function()(*traces, **kw)
+    if tool.common and traces:
+        _note_selection(res, traces, kw)
     for table, hint in tool.present.items():
         if table in res.tables:
             res.present.setdefault(table, hint)
     return res
+
+
+def _note_selection(res: Result, traces: tuple[Trace, ...], kw: dict[str, Any]) -> None:
+    from xpuprof.analysis.common import selection_notes
+
+    found: list[str] = []
+    anything = False
+    for label, trace in zip(("baseline: ", "new: ") if len(traces) == 2 else ("",), traces,
+                            strict=True):  # fmt: skip
+        notes, some = selection_notes(trace, ranks=kw.get("ranks"), steps=kw.get("steps"))
+        found += [label + n for n in notes]
+        anything |= some
+    res.notes[:] = found + [n for n in res.notes if n not in found] if anything else found
+
+
+def problems(answer: Result | dict[str, Any]) -> int:
+    """Problems a tool's answer (its Result or ``--json`` document) reports, as the fact
+    ``problems`` (``info --check``): the CLI exits with code 2 when there are any."""
+    if isinstance(answer, Result):
+        return int(answer.facts.get("problems") or 0)
+    facts = answer.get("facts") or {}
+    return int(facts.get("problems") or len((answer.get("check") or {}).get("problems", ())))
 
 
 def document(name: str, *traces: Trace, **options: Any) -> dict[str, Any]:
@@ -199,10 +238,54 @@ def store_info(trace: Trace) -> dict[str, Any]:
     }
 
 
-def info(trace: Trace) -> Result:
+def check_store(path: str | Path) -> list[str]:
+    """``info --check``: what is wrong with the store at ``path`` (its manifest, and each of its
+    files checked against it: missing, truncated, another table's); empty when all is well."""
+    try:
+        from xpuprof.trace.store import verify  # type: ignore[attr-defined]
+    except ImportError:
+        raise XpuprofError(
+            "info --check: this version of xpuprof cannot verify stores "
+            "(xpuprof.trace.store.verify is missing)"
+        ) from None
+    return [str(p) for p in verify(Path(path))]
+
+
+def _problems(path: str | Path, found: list[str]) -> Result:
+    n = len(found)
+    title = f"check: {n} problem{'s' if n != 1 else ''} in {path}"
+    shown = Presentation(layout="paragraphs", title=title, all_rows=True, lines=("{problem}",))
+    return Result(
+        tables={"problems": [{"problem": p} for p in found]},
+        facts={"store": str(path), "problems": n},
+        present={"problems": shown},
+    )
+
+
+def check_first(name: str, paths: Iterable[str | Path], options: Mapping[str, Any],
+                as_json: bool = False) -> Result | dict[str, Any] | None:  # fmt: skip
+    """What a front end shows instead of running tool ``name`` when the checks it was asked
+    for fail before its stores can be opened (``info --check`` on a store with a bad manifest
+    or a missing file, which opening refuses): the problems (a Result, or the ``--json``
+    document), else None and the tool runs."""
+    if name != "info" or not options.get("check"):
+        return None
+    from xpuprof.trace.store import is_store
+
+    for path in paths:
+        found = check_store(path) if is_store(path) else []
+        if found:
+            return {"store": str(path), "check": {"problems": found}} if as_json else (
+                _problems(path, found))  # fmt: skip
+    return None
+
+
+def info(trace: Trace, *, check: bool = False) -> Result:
     """:func:`store_info` as tables (no pandas: ``info`` must answer in a blink): ``sources``,
     ``tables`` (rows per table) and ``levels`` (events per level). Facts: ``store``,
-    ``version``, ``events_read``."""
+    ``version``, ``events_read``. ``check``: also verify every file against the manifest
+    (:func:`check_store`): the table ``problems`` and the fact ``problems`` (their number),
+    or a note that all is well."""
     doc = store_info(trace)
     sources = [
         {
@@ -218,7 +301,7 @@ def info(trace: Trace) -> Result:
     ]
     levels = [{"level": lv, "events": doc["levels"][lv]} for lv in LEVELS
               if doc["levels"].get(lv)]  # fmt: skip
-    return Result(
+    res = Result(
         tables={"sources": sources,
                 "tables": [{"table": t, "rows": doc["rows"].get(t, 0)} for t in TABLES],
                 "levels": levels},
@@ -226,12 +309,26 @@ def info(trace: Trace) -> Result:
                "events_read": doc["events_read"]},
         present={"sources": Presentation(title=doc["store"], all_rows=True)},
     )  # fmt: skip
+    if check:
+        found = check_store(trace.path)
+        res.facts["problems"] = len(found)
+        if found:
+            bad = _problems(trace.path, found)
+            res.tables |= bad.tables
+            res.present |= bad.present
+        else:
+            files = sum(len(trace.files(t)) for t in TABLES)
+            res.notes.append(f"check: ok, {files} files verified against the manifest")
+    return res
 
 
-def info_document(trace: Trace) -> dict[str, Any]:
+def info_document(trace: Trace, *, check: bool = False) -> dict[str, Any]:
     """``info --json``: the :func:`store_info` document (it predates Result, and scripts read
-    it)."""
-    return store_info(trace)
+    it); with ``check``, ``check: {"problems": [...]}`` too."""
+    doc = store_info(trace)
+    if check:
+        doc["check"] = {"problems": check_store(trace.path)}
+    return doc
 
 
 def import_result(report: Any) -> Result:
@@ -255,6 +352,7 @@ def import_result(report: Any) -> Result:
         for d in s["dropped"]:
             where = f" at byte {d['offset']}" if d.get("offset") is not None else ""
             notes.append(f"dropped {d['events']} from {s['path']}: {d['reason']}{where}")
+        notes.extend(f"{s['path']}: {n}" for n in s.get("notes", []))
     title = (f"imported into {report.store}: {report.events_read:,} events read from "
              f"{len(report.sources)} file(s) in {report.seconds:.2f} s "
              f"({report.workers} worker(s))")  # fmt: skip
@@ -294,14 +392,17 @@ def summary(
     ov = overview(trace, ranks=ranks, steps=steps, top=8)
     inf = info(trace)
     tables = dict(inf.tables)
-    tables["overview"] = ov.tables["summary"]
-    tables["top_ops"] = ov.tables["top_ops"]
+    for name, table in (("overview", "summary"), ("top_ops", "top_ops")):
+        if table in ov.tables:  # absent when nothing is selected (the notes say why)
+            tables[name] = ov.tables[table]
     notes = list(ov.notes)
     if trace.manifest["levels"].get("layer"):
         st = stats(trace, ranks=ranks, steps=steps, ops=False, kernels=False, layers=True)
-        layers = st.tables["layers"].sort_values("forward_ns", ascending=False)
-        cols = ["layer", "module_type", "calls", "forward_ns", "backward_ns"]
-        tables["slowest_layers"] = layers[[c for c in cols if c in layers]]
+        layers = st.tables.get("layers")
+        if layers is not None and len(layers) and "forward_ns" in layers:
+            layers = layers.sort_values("forward_ns", ascending=False)
+            cols = ["layer", "module_type", "calls", "forward_ns", "backward_ns"]
+            tables["slowest_layers"] = layers[[c for c in cols if c in layers]]
         notes += [n for n in st.notes if n not in notes]
     if "recommendations" in ov.tables:
         tables["recommendations"] = ov.tables["recommendations"]
@@ -389,6 +490,9 @@ TOOLS: tuple[Tool, ...] = (
     Tool("info", "xpuprof.ui.tools:info",
          "What a store holds: sources, ranks, devices, rows per table and per level.",
          common=(), present=_INFO,
+         options=(Option("check", "Also verify every file against the manifest (missing, "
+                                  "truncated, wrong files); exit 2 on any problem.", False,
+                         bool),),
          document="xpuprof.ui.tools:info_document"),
     Tool("overview", "xpuprof.ui.tools:overview",
          "Step time, where it goes (compute, communication, memcpy, input, host-bound idle), "
