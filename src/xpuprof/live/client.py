@@ -40,7 +40,7 @@ def request_capture(
     from urllib import request as urlrequest
     from urllib.parse import urlsplit
 
-    from xpuprof.trace.ingest import abandon_staging, begin_staging
+    from xpuprof.trace.store import abandon_staging, begin_staging
 
     if (
         isinstance(duration, bool)
@@ -102,16 +102,34 @@ def _download(req: Any, dest: Path, timeout: float, url: str) -> None:
 
 
 def _unpack(tar: Path, staging: Path, root: Path) -> None:
+    """The store the job sent, checked, flushed and renamed into place while holding the
+    store's lock, so that an import into the same path at the same moment cannot mix with it
+    (docs/store.md)."""
     import tarfile
 
-    from xpuprof.trace.store import read_manifest
+    from xpuprof.core.names import TABLES
+    from xpuprof.trace.store import (
+        StoreLock,
+        clean_stale,
+        read_manifest,
+        sync_dirs,
+        sync_files,
+    )
 
     try:
         with tarfile.open(tar) as t:
             t.extractall(staging, filter="data")
     except (tarfile.TarError, OSError) as e:
         raise XpuprofError(f"{root}: the capture server sent an incomplete store ({e})") from None
-    read_manifest(staging / "store")  # a complete store, or an error
-    if root.exists():
-        root.rmdir()
-    os.replace(staging / "store", root)
+    built = staging / "store"
+    manifest = read_manifest(built)  # a complete store, or an error
+    sync_files(built / f for s in manifest["sources"] for f in s["files"].values() if f)
+    sync_dirs([built / t for t in TABLES] + [built])
+    with StoreLock(root):
+        clean_stale(root)
+        if root.exists() and (not root.is_dir() or any(root.iterdir())):
+            raise XpuprofError(f"{root}: exists and is not empty; not overwriting it")
+        if root.exists():
+            root.rmdir()
+        os.replace(built, root)
+        sync_dirs([root.parent])
