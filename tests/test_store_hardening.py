@@ -715,3 +715,22 @@ def test_cli_commands_report_a_corrupt_store_in_one_line(store) -> None:
     out = cli("sql", store, "select count(*) from events")
     assert out.returncode == 2, out.stderr
     assert str(f) in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_import_waits_for_the_lock_only_as_long_as_asked(tmp_path) -> None:
+    """``xpuprof import --wait 0`` while another process holds the store's lock: one line
+    naming the holder, exit 2, and the store untouched."""
+    import os
+
+    from conftest import EXAMPLE, cli
+
+    from xpuprof.trace.store import StoreLock
+
+    store = tmp_path / "s.store"
+    with StoreLock(store):
+        proc = cli("import", EXAMPLE, "-o", store, "--wait", "0")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "another xpuprof process is writing" in lines[0], lines
+    assert f"pid {os.getpid()}" in lines[0]
+    assert not store.exists()

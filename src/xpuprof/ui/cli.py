@@ -126,6 +126,9 @@ def import_cmd(
         None, "--workers", help="Worker processes (default: one per core for large inputs)."
     ),
     force: bool = typer.Option(False, "--force", help="Re-import even unchanged files."),
+    wait: float = typer.Option(
+        60.0, "--wait", help="Seconds to wait while another xpuprof process writes the store."
+    ),
     as_json: bool = _JSON,
 ) -> None:
     """Import trace files (PyTorch profiler, XProf XPlane, plug-in formats) into a store."""
@@ -136,7 +139,8 @@ def import_cmd(
         bar = not as_json and total >= PROGRESS_MIN_BYTES
         with render.progress_bar(total, err) if bar else contextlib.nullcontext() as progress:
             report = import_traces(list(paths), store, lenient=lenient, scheduler=scheduler,
-                                   workers=workers, force=force, progress=progress)  # fmt: skip
+                                   workers=workers, force=force, progress=progress,
+                                   lock_wait=max(0.0, wait))  # fmt: skip
     except XpuprofError as e:
         _fail(e)
     if as_json:
