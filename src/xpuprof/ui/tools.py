@@ -351,7 +351,8 @@ def import_result(report: Any) -> Result:
                      "dropped": sum(d["events"] for d in s["dropped"])})  # fmt: skip
         for d in s["dropped"]:
             where = f" at byte {d['offset']}" if d.get("offset") is not None else ""
-            notes.append(f"dropped {d['events']} from {s['path']}: {d['reason']}{where}")
+            lost = f"dropped {d['events']} from " if d["events"] else ""  # a truncation note
+            notes.append(f"{lost}{s['path']}: {d['reason']}{where}")
         notes.extend(f"{s['path']}: {n}" for n in s.get("notes", []))
     title = (f"imported into {report.store}: {report.events_read:,} events read from "
              f"{len(report.sources)} file(s) in {report.seconds:.2f} s "
