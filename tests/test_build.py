@@ -266,3 +266,30 @@ def test_a_negative_dur_is_kept_without_an_extent(tmp_path):
     assert rows["B"]["dur"] is None and json.loads(rows["B"]["extra"]) == {"dur": -5}
     assert rows["B"]["parent"] is None and rows["C"]["parent"] is None
     assert rows["A"]["dur"] == 18_000
+
+
+def test_inferred_steps_take_indexes_after_every_entry(tmp_path):
+    """Inferred step spans are events the normaliser adds: their indexes follow every entry of
+    the source (flows and metadata included), and ``Tables.steps_from`` says what made them."""
+    from builders import TraceBuilder
+
+    from xpuprof.trace.normalize import build_tables
+
+    tb = TraceBuilder(rank=None)
+    for t0 in (0, 100, 200):
+        tb.annotation("Optimizer.step#AdamW.step", t0 + 60, 30)
+        tb.launch("k", ts=t0 + 20, dur=5, launch_ts=t0 + 10)  # runtime, kernel and 2 flows
+    tb.add({"ph": "M", "name": "process_name", "pid": 100, "args": {"name": "python"}})  # last
+    raw = read_kineto(tb.write(tmp_path / "t.json"))
+    t = build_tables(raw.tables, part=0, rank=0, host=None, string_ids=raw.string_ids)
+    assert t.steps_from == "Optimizer.step"
+    ev = t.events.to_pandas()
+    st = ev[ev.level == "step"].sort_values("ts")
+    n_entries = len(tb.events)  # 1 + 3 x (1 + 2 + 2)
+    assert n_entries == 16
+    assert st["index"].tolist() == [16, 17]
+    assert st["ts"].tolist() == [90_000, 190_000] and st["dur"].tolist() == [100_000] * 2
+    assert (st.device == -1).all() and set(st.category) == {"xpuprof_inferred_step"}
+    kernels = ev[ev.level == "kernel"].sort_values("ts")
+    assert kernels.step.isna().tolist() == [True, False, False]
+    assert kernels.step.iloc[1:].tolist() == [0, 1]

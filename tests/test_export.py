@@ -471,7 +471,7 @@ def test_parts_without_rank_or_with_repeated_rank(tmp_path: Path) -> None:
     srcs[2].write_text(ranked.replace('"name": "x"', '"name": "y"'))
     xpuprof.import_traces(srcs, tmp_path / "a")
     first = xpuprof.load(tmp_path / "a")
-    assert sorted(first.ranks, key=str) == [3, 3, None]
+    assert sorted(first.ranks) == [0, 3, 3]  # a part without a rank is rank 0
     raw = [_entries(_load_json(p)) for p in srcs]
     n_raw = sum(len(r) for r in raw)
 
@@ -479,7 +479,7 @@ def test_parts_without_rank_or_with_repeated_rank(tmp_path: Path) -> None:
     assert summary["sources"] == 3 and (tmp_path / "dir").is_file()
     summary = export_chrome(first, str(tmp_path / "d") + "/")
     assert sorted(Path(f).name for f in summary["files"]) == [
-        "part0.pt.trace.json.gz",
+        "rank0.pt.trace.json.gz",
         "rank3.part2.pt.trace.json.gz",
         "rank3.pt.trace.json.gz",
     ]
@@ -488,9 +488,9 @@ def test_parts_without_rank_or_with_repeated_rank(tmp_path: Path) -> None:
     out = tmp_path / "merged.json"
     assert export_chrome(first, out)["events"] == n_raw
     entries = _entries(_load_json(out))
-    # rank order, parts without a rank last
-    labels = ["rank 3 part 1", "rank 3 part 2", "part 0"]
-    order = [raw[1], raw[2], raw[0]]
+    # rank order (the part without a rank is rank 0)
+    labels = ["rank 0", "rank 3 part 1", "rank 3 part 2"]
+    order = [raw[0], raw[1], raw[2]]
     k = 0
     for label, part_raw in zip(labels, order, strict=True):
         for a in part_raw:

@@ -125,9 +125,13 @@ class Case:
 
 
 #: Queries the per-file tests share: each runs once per store, grouped or keyed by part.
+#: Source entries only: step spans inferred from optimizer steps or forward calls are events
+#: the normaliser adds (``docs/steps.md``), with indexes after the source's own entries.
+SOURCE_EVENTS = "(category is distinct from 'xpuprof_inferred_step')"
+
 AGGREGATES = {
     "events": "select part, phase, category, (phase = 'B' and dur is not null) as closed, "
-    "count(*) as n from events group by all",
+    f"count(*) as n from events where {SOURCE_EVENTS} group by all",
     "flows": "select part, phase, category, count(*) as n from flows group by all",
     "counters": "select part, category, count(distinct index) as n from counters group by all",
     "metadata": "select part, category, count(*) as n from metadata group by all",
@@ -136,7 +140,7 @@ AGGREGATES = {
         for t in ("events", "flows", "links", "counters", "metadata")
     ),
     "levels": "select part, level, count(*) as n from events group by all",
-    "event_entries": "select part, index, phase, name, extra from events",
+    "event_entries": f"select part, index, phase, name, extra from events where {SOURCE_EVENTS}",
     "flow_entries": "select part, index, phase, name from flows",
     "counter_entries": "select distinct part, index from counters",
     "metadata_entries": "select part, index, name from metadata",
@@ -687,13 +691,20 @@ def test_synthetic_nccl_dev_kernel_is_a_collective(tmp_path) -> None:
 @pytest.mark.parametrize(
     "rel", ["edge/distributed_info_not_found.json.gz", "edge/rank_not_found.json.gz"]
 )
-def test_missing_rank_imports_as_none(rel: str, single_store, raw_json) -> None:
+def test_missing_rank_imports_as_rank_0(rel: str, single_store, raw_json) -> None:
+    """A trace that names no rank (no distributedInfo.rank, nothing in its name) is one rank's:
+    rank 0, said to be the default, on every row of every table (never null)."""
     path = shared(f"kineto/{rel}")
     doc = raw_json(path)
+    assert "rank" not in (doc.get("distributedInfo") or {})
     trace = single_store(path)
-    assert trace.ranks == [None]
-    assert trace.sources[0]["rank_from"] is None
-    assert trace.sql("select count(*) as n from events where rank is not null")["n"][0] == 0
+    assert trace.ranks == [0]
+    assert trace.sources[0]["rank_from"] == "default"
+    for table in ("events", "flows", "counters", "metadata"):
+        assert trace.sql(f"select count(*) as n from {table} where rank is null")["n"][0] == 0
+    assert trace.sql("select count(*) as n from events where rank = 0")["n"][0] == len(
+        doc["traceEvents"]
+    )  # fmt: skip
     key = 0  # device_properties is keyed by part; this store has one, part 0
     if "deviceProperties" in doc:
         assert trace.meta["device_properties"][key] == doc["deviceProperties"]

@@ -342,7 +342,10 @@ def test_tpu_categories_and_levels(tpu):
     cat = t.events["category"].cast("string")
     is_dev = np.asarray(pc.is_in(cat, value_set=pa.array(sorted(XPLANE_DEVICE_CATEGORIES))))
     assert set(dev[is_dev].tolist()) == {0, 1, 2, 3}
-    assert (dev[~is_dev] == -1).all()
+    # the step windows inferred from each chip's program runs lie on that chip's plane
+    inferred = np.asarray(pc.equal(cat, "xpuprof_inferred_step"))
+    assert set(dev[inferred].tolist()) == {0, 1, 2, 3}
+    assert (dev[~is_dev & ~inferred] == -1).all()
     # nesting is per track (plane, line): every parent is on its child's own track and
     # contains it (host TraceMes nest deeply; device lines are flat)
     ev = t.events.select(["id", "pid", "tid", "parent", "ts", "dur"]).to_pandas()
@@ -351,6 +354,61 @@ def test_tpu_categories_and_levels(tpu):
     assert (kids.pid == kids.pid_p).all() and (kids.tid == kids.tid_p).all()
     assert (kids.ts >= kids.ts_p).all()
     assert (kids.ts + kids.dur <= kids.ts_p + kids.dur_p).all()
+
+
+def test_tpu_steps_are_the_runs_of_its_program_on_each_chip(tpu, tmp_path):
+    """No step markers (the README says so); read by hand: the host calls ``PjitFunction(f)``
+    100 times, but JAX dispatches asynchronously (31 calls return in under 1 ms, 68 block
+    ~784 ms, the first takes 4 s to compile), so the host calls do not show the steps; each chip's
+    "XLA Modules" line runs ``jit_f`` 100 times back to back, ~784 ms apart, besides three
+    ``jit__psum`` and two one-off programs. So the steps are the runs of ``jit_f``: 99 windows
+    per chip from one run's start to the next one's, on the chip, and the chips are devices of
+    the one rank of this one host (rank 0: nothing in the file names one)."""
+    path, _, planes, _ = tpu
+    want = {}
+    for p in planes:
+        m = re.match(r"/device:TPU:(\d+)$", p["name"])
+        if not m:
+            continue
+        (line,) = [ln for ln in p["lines"] if ln["name"] == "XLA Modules"]
+        names = Counter(p["md"][e[0]][1] or p["md"][e[0]][0] for e in line["events"])
+        top, n = names.most_common(1)[0]
+        assert top.startswith("jit_f(") and n == 100
+        starts = sorted(
+            line["ts"] + e[1] // 1000
+            for e in line["events"]
+            if (p["md"][e[0]][1] or p["md"][e[0]][0]) == top
+        )
+        want[int(m.group(1))] = list(zip(starts[:-1], starts[1:], strict=True))
+    import xpuprof
+
+    xpuprof.import_traces([path], tmp_path / "s")
+    with xpuprof.load(tmp_path / "s") as t:
+        src = t.sources[0]
+        assert (src["steps_from"], src["rank"], src["rank_from"]) == (
+            "XLA module runs", 0, "default")  # fmt: skip
+        st = t.sql(
+            "select device, step, ts, ts + dur as e from events where level = 'step' "
+            "order by device, ts"
+        )
+        for d, w in want.items():
+            mine = st[st.device == d]
+            assert list(zip(mine.ts, mine.e, strict=True)) == w
+            assert mine.step.tolist() == list(range(99))
+        # each chip's XLA ops take the step of the run they start in, on that chip
+        ops = t.sql("select device, step, ts from events where category = 'xla_op' and device = 0")
+        w0 = want[0]
+        for ts, step in zip(ops.ts, ops.step, strict=True):
+            hit = [k for k, (a, b) in enumerate(w0) if a <= ts < b]
+            assert (hit[0] if hit else None) == (None if step is pd_na(step) else step)
+        assert t.sql("select count(*) as n from events where rank is null")["n"][0] == 0
+
+
+def pd_na(v):
+    """``v`` itself when it is a missing value (so ``step is pd_na(step)`` tests for one)."""
+    import pandas as pd
+
+    return v if pd.isna(v) else object()
 
 
 def test_category_function_agrees_with_the_reader(tpu):

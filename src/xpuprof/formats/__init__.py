@@ -58,6 +58,9 @@ class Reader:
       a directory scan leaves those out.
     * ``preload``: modules to import in the parent before forking local Dask workers, so
       they start with the decoder loaded.
+    * ``ranks_by_host``: the format writes one file per host of a job and no rank in it
+      (XProf's ``<host>.xplane.pb``): several such files in one folder, none naming a rank,
+      get ranks in host-name order (``trace/ranks.py``).
     """
 
     name: str
@@ -70,6 +73,7 @@ class Reader:
     expand: Callable[[Path], list[Path] | None] | None = None
     supersedes: tuple[str, ...] = ()
     preload: tuple[str, ...] = ()
+    ranks_by_host: bool = False
 
     def suffix_of(self, name: str) -> str | None:
         """The longest of this reader's suffixes that ``name`` ends with, or None."""

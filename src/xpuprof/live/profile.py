@@ -344,6 +344,8 @@ class Profile:
             "telemetry": self._telemetry.status if self._telemetry is not None else {},
             "pid": os.getpid(),
             "host_name": os.uname().nodename if hasattr(os, "uname") else None,
+            # the store's rank when torch.distributed is not initialised (torchrun sets RANK)
+            "rank": int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None,
         }
         if collected is not None:
             settings.update(

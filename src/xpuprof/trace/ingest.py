@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,12 +19,17 @@ from typing import Any
 
 from xpuprof.core.errors import StoreError, TraceFormatError, XpuprofError
 from xpuprof.trace import store as st
+from xpuprof.trace.ranks import (  # noqa: F401 - rank_from_name: tests', scripts'
+    RANK_FROM,
+    RankHint,
+    rank_from_name,
+    rank_hints,
+    source_rank,
+)
 from xpuprof.trace.store import abandon_staging, begin_staging  # noqa: F401 - live.remote's
 
 #: Below this much input, import in-process: a LocalCluster's start-up would cost more.
 PARALLEL_MIN_BYTES = 48 << 20
-
-_RANK_IN_NAME = re.compile(r"(?:rank|worker)[_\-]?(\d+)", re.IGNORECASE)
 
 Progress = Callable[[int, int], None]
 
@@ -59,6 +63,8 @@ class ImportReport:
                     "path": s["path"],
                     "part": s["part"],
                     "rank": s["rank"],
+                    "rank_from": s.get("rank_from"),
+                    "steps_from": s.get("steps_from"),
                     "events_read": s["read"]["total"],
                     "rows": s["rows"],
                     "dropped": s["read"]["dropped"],
@@ -161,11 +167,6 @@ def _report(
     )
 
 
-def rank_from_name(path: Path) -> int | None:
-    m = _RANK_IN_NAME.search(path.name)
-    return int(m.group(1)) if m else None
-
-
 def read_source(path: Path, lenient: bool, progress: Progress | None = None) -> Any:
     """Read one source file with the reader its format needs (a RawTrace whose ``format`` is
     that reader's name, which the normaliser takes the category vocabulary from)."""
@@ -187,9 +188,15 @@ def read_source(path: Path, lenient: bool, progress: Progress | None = None) -> 
 
 
 def import_file(
-    path: str, part: int, out_dir: str, lenient: bool, progress: Progress | None = None
+    path: str,
+    part: int,
+    out_dir: str,
+    lenient: bool,
+    progress: Progress | None = None,
+    rank_hint: RankHint | None = None,
 ) -> dict[str, Any]:
-    """Read, normalize and write one source file; return its manifest entry.
+    """Read, normalize and write one source file; return its manifest entry. ``rank_hint``:
+    what :func:`rank_hints` found for it (default: the file name's ``rank<N>``).
 
     Runs inside a Dask worker for parallel imports, so it takes and returns plain data.
     """
@@ -201,13 +208,16 @@ def import_file(
         if e.errno is None:  # a decoder's complaint, not an I/O error
             raise
         raise XpuprofError(f"{p}: cannot read ({e.strerror or e})") from None
-    entry = write_raw(raw, part, out_dir, rank_hint=rank_from_name(p))
+    if rank_hint is None:
+        n = rank_from_name(p)
+        rank_hint = (n, "file name") if n is not None else None
+    entry = write_raw(raw, part, out_dir, rank_hint=rank_hint)
     entry.update(path=str(p), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
     return entry
 
 
 def write_raw(
-    raw: Any, part: int, out_dir: str | Path, *, rank_hint: int | None = None
+    raw: Any, part: int, out_dir: str | Path, *, rank_hint: RankHint | None = None
 ) -> dict[str, Any]:
     """Normalize one source's raw tables and write them as part ``part`` (under file names no
     other writer produces; the commit flushes them); return its manifest entry (without the
@@ -216,12 +226,7 @@ def write_raw(
 
     from xpuprof.trace.normalize import build_tables
 
-    dist = raw.top.get("distributedInfo")
-    rank, rank_from = None, None
-    if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
-        rank, rank_from = dist["rank"], "distributedInfo"
-    elif rank_hint is not None:
-        rank, rank_from = rank_hint, "file name"
+    rank, rank_from = source_rank(raw.top, rank_hint)
     host = raw.top.get("host_name") or raw.top.get("hostname")
     host = host if isinstance(host, str) else None
 
@@ -258,6 +263,7 @@ def write_raw(
         "part": part,
         "rank": rank,
         "rank_from": rank_from,
+        "steps_from": tables.steps_from,
         "host": host,
         "files": files,
         "rows": rows,
@@ -355,6 +361,7 @@ def _run(
     scheduler: str | None,
     workers: int | None,
     progress: Progress | None,
+    hints: dict[Path, RankHint] | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Import each (file, part) into ``staging``: in this process for small inputs, else on
     Dask; return the manifest entries and the number of workers used."""
@@ -364,8 +371,8 @@ def _run(
         parallel = len(jobs) > 1 and total >= PARALLEL_MIN_BYTES and n_cpu > 1
         workers = min(n_cpu, len(jobs)) if parallel else 1
     if scheduler is None and workers <= 1:
-        return _run_here(jobs, staging, lenient, total, progress), 1
-    return _run_on_dask(jobs, staging, lenient, scheduler, workers, total, progress)
+        return _run_here(jobs, staging, lenient, total, progress, hints or {}), 1
+    return _run_on_dask(jobs, staging, lenient, scheduler, workers, total, progress, hints or {})
 
 
 def _run_here(
@@ -374,6 +381,7 @@ def _run_here(
     lenient: bool,
     total: int,
     progress: Progress | None,
+    hints: dict[Path, RankHint],
 ) -> list[dict[str, Any]]:
     out = []
     done = 0
@@ -385,7 +393,11 @@ def _run_here(
             if progress:
                 progress(min(base + d, base + size), total)
 
-        out.append(import_file(str(path), part, str(staging), lenient, cb if progress else None))
+        out.append(
+            import_file(
+                str(path), part, str(staging), lenient, cb if progress else None, hints.get(path)
+            )
+        )
         done += size
         if progress:
             progress(done, total)
@@ -420,6 +432,7 @@ def _run_on_dask(
     workers: int,
     total: int,
     progress: Progress | None,
+    hints: dict[Path, RankHint],
 ) -> tuple[list[dict[str, Any]], int]:
     import dask
     from dask.distributed import Client, LocalCluster, as_completed
@@ -444,7 +457,16 @@ def _run_on_dask(
         # biggest files first: the last task to start should be a small one
         ordered = sorted(jobs, key=lambda j: -_size(j[0]))
         futures = [
-            client.submit(import_file, str(p), part, str(staging), lenient, key=f"import-{part}")
+            client.submit(
+                import_file,
+                str(p),
+                part,
+                str(staging),
+                lenient,
+                None,
+                hints.get(p),
+                key=f"import-{part}",
+            )  # fmt: skip
             for p, part in ordered
         ]
         sizes = {f"import-{part}": _size(p) for p, part in ordered}
@@ -553,7 +575,8 @@ def _import_locked(
     jobs = [(p, next_part + i) for i, p in enumerate(todo)]
     staging, _ = st.begin_staging(root)
     try:
-        results, n_workers = _run(jobs, staging, lenient, scheduler, workers, progress)
+        hints = rank_hints(sources)
+        results, n_workers = _run(jobs, staging, lenient, scheduler, workers, progress, hints)
         manifest = st.new_manifest(keep + results)
         if old is None:
             st.commit_new(staging, root, manifest)
@@ -564,4 +587,13 @@ def _import_locked(
     return _report(root, manifest, t0, n_workers, [s["path"] for s in keep])
 
 
-__all__ = ["ImportReport", "StoreError", "TraceFormatError", "expand_sources", "import_traces"]
+__all__ = [
+    "RANK_FROM",
+    "ImportReport",
+    "StoreError",
+    "TraceFormatError",
+    "expand_sources",
+    "import_traces",
+    "rank_hints",
+    "source_rank",
+]

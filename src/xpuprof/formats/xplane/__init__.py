@@ -247,6 +247,7 @@ READER = Reader(
     expand=expand,
     supersedes=(".trace.json.gz",),
     preload=("xpuprof.formats.xplane.decode", "xpuprof.formats.proto.xplane_pb2"),
+    ranks_by_host=True,
 )
 
 __all__ = [

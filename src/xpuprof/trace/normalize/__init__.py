@@ -13,8 +13,11 @@ What is derived, and why it is derived here rather than in each analysis:
 * ``device``/``stream``: from the reader's device categories, args and process labels;
 * ``parent``/``depth``: nesting of events on their own track (pid, tid) — the one timeline fact
   every analysis needs and none should recompute (``trace/nesting.py``);
-* ``step``: the profiler step an event belongs to (host events by time, device events through
-  the runtime call that launched them, by correlation id) — ``steps.py``;
+* ``step``: the training step an event belongs to (host events by time, device events through
+  the runtime call that launched them, by correlation id), and which marker defines the steps:
+  ``ProfilerStep#N``, XLA step markers, ``xpuprof.step``, else step windows inferred from
+  ``Optimizer.step#…`` spans or repeated forward calls, added as events (``docs/steps.md``) —
+  ``steps.py``;
 * flow binding: each flow entry is bound to the slice it belongs to on its track (Chrome-trace
   semantics: the enclosing slice; for an ``f`` without ``bp: "e"``, the next slice), and the
   entries sharing a (category, id) are joined into ``links`` (launch → kernel, forward →
@@ -55,6 +58,8 @@ class Tables:
     links: pa.Table
     counters: pa.Table
     metadata: pa.Table
+    #: What defined the steps (``steps.STEPS_FROM``): the manifest's ``steps_from``.
+    steps_from: str = "none"
 
 
 def build_tables(
@@ -71,10 +76,13 @@ def build_tables(
     them (``RawTrace.format``): its vocabulary gives categories their levels (None: the
     built-in vocabularies only)."""
     vocab = vocabulary(format)
+    index_start = _next_index(raw)
     meta_raw = fold_leftovers(raw.pop("metadata"), ("flow_id", "bp", "scope", "dur"))
     metadata = metadata_table(meta_raw, part, rank)
     ev_raw = fold_leftovers(match_begin_end(raw.pop("events")), ("flow_id", "bp"))
-    events, timeline = events_table(ev_raw, part, rank, host, string_ids, meta_raw, vocab)
+    events, timeline, steps_from = events_table(
+        ev_raw, part, rank, host, string_ids, meta_raw, vocab, index_start
+    )
     del ev_raw
     fl_raw = fold_leftovers(raw.pop("flows"), ("scope", "dur"))
     flows, links = flow_tables(fl_raw, timeline, part, rank)
@@ -82,7 +90,15 @@ def build_tables(
     counters = counters_table(
         fold_leftovers(raw.pop("counters"), ("flow_id", "bp", "scope", "dur")), part, rank
     )
-    return Tables(events, flows, links, counters, metadata)
+    return Tables(events, flows, links, counters, metadata, steps_from)
+
+
+def _next_index(raw: dict[str, pa.Table]) -> int:
+    """The first ``index`` no entry of the source has (where inferred step spans go)."""
+    import pyarrow.compute as pc
+
+    highest = [pc.max(t["index"]).as_py() for t in raw.values() if t.num_rows]
+    return max((h for h in highest if h is not None), default=-1) + 1
 
 
 __all__ = [

@@ -24,7 +24,7 @@ from xpuprof.trace.normalize.columns import (
 )
 from xpuprof.trace.normalize.entries import keep_in_extra
 from xpuprof.trace.normalize.levels import collective_bytes, levels, placement
-from xpuprof.trace.normalize.steps import steps
+from xpuprof.trace.normalize.steps import StepChoice, choose, steps, window_rows
 
 
 @dataclass
@@ -51,9 +51,11 @@ def events_table(
     string_ids: dict[str, dict[str, str]],
     meta_raw: pa.Table,
     vocab: Vocabulary,
-) -> tuple[pa.Table, Timeline]:
-    """The events table of one source, and the timeline facts flow binding needs."""
-    n = ev.num_rows
+    index_start: int = 0,
+) -> tuple[pa.Table, Timeline, str]:
+    """The events table of one source, the timeline facts flow binding needs, and what
+    defined its steps (``steps.STEPS_FROM``). Inferred step windows are added as events with
+    indexes from ``index_start`` on (the first index no entry of the source has)."""
     pid = ints(ev["pid"], -1)
     tid = ints(ev["tid"], -1)
     ts = ints(ev["ts"])
@@ -69,6 +71,14 @@ def events_table(
             ev.schema.get_field_index("extra"), "extra", keep_in_extra(ev, negative, "dur")
         )
         dur_null = dur_null | negative
+    choice = choose(ev, level, pid, tid, ts, dur, dur_null, device)
+    level = choice.level
+    if choice.windows is not None:
+        ev, (pid, tid, ts, dur, dur_null, device, stream, level) = _with_windows(
+            ev, choice, index_start, (pid, tid, ts, dur, dur_null, device, stream, level)
+        )
+        is_dev = device >= 0
+    n = ev.num_rows
     span_dur, (order, parent_pos, end, is_slice) = _nest(ev, pid, tid, ts, dur, dur_null)
     index = ints(ev["index"])
     ids = (np.int64(part) << ID_SHIFT) | index
@@ -107,7 +117,24 @@ def events_table(
         schema=EVENTS,
     )
     corr = ints(ev["correlation"], -1)
-    return table, Timeline(order, parent_pos, end, is_slice, pid, tid, ts, ids, corr)
+    timeline = Timeline(order, parent_pos, end, is_slice, pid, tid, ts, ids, corr)
+    return table, timeline, choice.steps_from
+
+
+def _with_windows(
+    ev: pa.Table, choice: StepChoice, index_start: int, cols: tuple[np.ndarray, ...]
+) -> tuple[pa.Table, tuple[np.ndarray, ...]]:
+    """The raw events and their (pid, tid, ts, dur, dur_null, device, stream, level) with the
+    inferred step windows appended."""
+    w = choice.windows
+    assert w is not None
+    ev = pa.concat_tables([ev, window_rows(w, ev.schema, index_start, choice.steps_from)])
+    k = len(w.start)
+    added = (w.pid, w.tid, w.start, w.end - w.start, np.zeros(k, bool), w.device,
+             np.full(k, -1), np.full(k, LEVEL_CODE["step"]))  # fmt: skip
+    return ev, tuple(
+        np.concatenate([c, a.astype(c.dtype)]) for c, a in zip(cols, added, strict=True)
+    )
 
 
 def _nest(
