@@ -113,11 +113,13 @@ def events(
 
 def kernel_type(level: pd.Series, name: pd.Series) -> pd.Series:
     """HTA's kernel type of device events, from their level: COMMUNICATION for collectives
-    and NCCL kernels, MEMORY for memcpy, memset and MTIA's DMA transfers (kernels named
-    ``dma*``, which HTA types MEMORY too), COMPUTATION for every other kernel, OTHER for the
-    rest. The one classifier of xpuprof; HTA's name-based rule is the ``name_types`` quirk
-    (:func:`xpuprof.analysis.hta.hta_kernel_type`). Evaluated once per distinct (level,
-    name), so a million kernels cost a factorization, not a million string matches."""
+    and NCCL kernels, MEMORY for memcpy, memset, MTIA's DMA transfers (kernels named
+    ``dma*``, which HTA types MEMORY too) and XLA's async copy ops (``copy-start``,
+    ``copy-done``: the device waits in them for a copy), COMPUTATION for every other kernel,
+    OTHER for the rest. The one classifier of xpuprof; HTA's name-based rule is the
+    ``name_types`` quirk (:func:`xpuprof.analysis.hta.hta_kernel_type`). Evaluated once per
+    distinct (level, name), so a million kernels cost a factorization, not a million string
+    matches."""
     lc, lu = pd.factorize(level, use_na_sentinel=False)
     nc, nu = pd.factorize(name, use_na_sentinel=False)
     width = max(len(nu), 1)
@@ -126,11 +128,33 @@ def kernel_type(level: pd.Series, name: pd.Series) -> pd.Series:
     nm = pd.Series(np.asarray(nu, dtype=object)[pairs % width]).astype(str)
     out = np.full(len(lv), OTHER, dtype=object)
     out[(lv == "kernel").to_numpy()] = COMPUTATION
-    memory = lv.isin(["memcpy", "memset"]) | ((lv == "kernel") & nm.str.startswith("dma"))
+    memory = lv.isin(["memcpy", "memset"]) | (
+        (lv == "kernel") & (nm.str.startswith("dma") | nm.str.match(r"^copy-(start|done)(\.\d+)?$"))
+    )
     out[memory.to_numpy()] = MEMORY
     comm = (lv == "collective") | nm.str.contains("nccl", case=False, regex=False)
     out[(comm & lv.isin(DEVICE_LEVELS)).to_numpy()] = COMMUNICATION
     return pd.Series(out[inv], index=level.index, dtype=object)
+
+
+#: The one split of device work every tool shows: :func:`kernel_type`'s MEMORY is split into
+#: copies (``memcpy``: memcpy events and DMA transfers such as MTIA's ``dma_request``) and
+#: ``memset``; COMPUTATION is ``compute``, COMMUNICATION ``communication``, OTHER ``other``.
+WORK_CLASSES: tuple[str, ...] = ("compute", "communication", "memcpy", "memset", "other")
+
+
+def work_class(level: pd.Series, name: pd.Series) -> pd.Series:
+    """The :data:`WORK_CLASSES` entry of each device event: :func:`kernel_type` with MEMORY
+    split by level (``memset`` events are sets; copies and DMA kernels are copies), so that
+    the overview, the diagnosis and the breakdown never disagree on what is memory work."""
+    kt = kernel_type(level, name).to_numpy()
+    lv = pd.Series(level).astype(str).to_numpy()
+    out = np.full(len(kt), "other", dtype=object)
+    out[kt == COMPUTATION] = "compute"
+    out[kt == COMMUNICATION] = "communication"
+    out[(kt == MEMORY) & (lv != "memset")] = "memcpy"
+    out[(kt == MEMORY) & (lv == "memset")] = "memset"
+    return pd.Series(out, index=level.index, dtype=object)
 
 
 def merge_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,28 +1,27 @@
 """Overview: step time, where each step's time goes, and what bounds the run.
 
 Breakdown of a step (per rank), on the device timeline of that rank, each instant counted once
-with this priority so that the parts add up to the step time:
+with this priority so that the parts add up to the step time (device work classified by
+:func:`xpuprof.analysis.common.work_class`, the classifier every tool shares: MTIA's DMA and
+XLA's async copies are copies):
 
 * **compute** — some computation kernel runs;
 * **communication** — a collective runs and no computation (communication not hidden);
 * **memcpy**, **memset** — copies or sets run and none of the above;
 * **other** — other device work only (syncs, annotations on the device are not work);
-* **input** — the device is idle while the host is in an input span (DataLoader, load_batch);
+* **input** — the device is idle while the host is in an input span (``analysis.inputs``);
 * **host-bound idle** — the device is idle otherwise: the host did not feed it in time.
 
 A rank without device events is a CPU run: the host's framework ops are its compute and the
 same rules apply to them (column ``host_only`` of the summary, and a note).
 
-Bottleneck, first match wins (thresholds from XProf's input-pipeline analyzer and its
-smart-suggestion rules):
-
-1. input ≥ 20 % of the step: **input-bound (highly)**; ≥ 5 %: **input-bound (moderately)**;
-2. communication not hidden ≥ 30 %: **communication-bound**;
-3. host-bound idle ≥ 10 %: **host/launch-bound** (on a CPU run: **host-bound**, the time
-   between framework ops: Python code and dispatch);
-4. else the device: **memory-bandwidth-bound** when at least half of the computation time
-   with a known roofline position is in memory-bound work, **compute-bound** otherwise, and
-   **device-bound** when no FLOPs are known to tell them apart.
+These fractions are aggregates: they say how busy the device was, not why. The
+**bottleneck** of each rank and the headline come from the critical path
+(:func:`xpuprof.analysis.diagnosis.diagnosis`): the category with the most time per step on
+it (``diagnosis.BOTTLENECK_LABEL`` names it); device compute is told apart as
+**memory-bandwidth-bound** when at least half of the computation time with a known roofline
+position is in memory-bound work, **compute-bound** otherwise, and **device-bound** when no
+FLOPs are known to tell them apart.
 """
 
 from __future__ import annotations
@@ -34,27 +33,19 @@ import numpy as np
 import pandas as pd
 
 from xpuprof.analysis.common import (
-    COMMUNICATION,
-    COMPUTATION,
     DEVICE_LEVELS,
-    MEMORY,
-    OTHER,
     Result,
     StepSelection,
     intersection_length,
-    kernel_type,
     merge_intervals,
     where_clause,
+    work_class,
 )
-from xpuprof.analysis.input_pipeline import INPUT_NAME
 from xpuprof.core.errors import XpuprofError
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
 
-INPUT_HIGH, INPUT_MODERATE = 0.20, 0.05
-COMMUNICATION_BOUND = 0.30
-HOST_BOUND = 0.10
 MEMORY_BOUND_SHARE = 0.5
 
 PARTS = ("compute", "communication", "memcpy", "memset", "other", "input", "host_idle")
@@ -103,8 +94,8 @@ def overview(
     ``top_kernels``.
 
     Facts: ``ranks``, ``steps`` (step windows summarised), ``host_only`` (no selected rank has
-    device events: a CPU run), and of the rank with the slowest mean step: ``step_ms_mean``
-    and ``bottleneck``."""
+    device events: a CPU run), and of the rank with the slowest mean step: ``step_ms_mean``,
+    ``bottleneck`` and ``headline`` (the diagnosis' sentence)."""
     if top < 0:
         raise XpuprofError(f"top: ops and kernels to list, 0 or more, not {top}")
     res = Result()
@@ -131,7 +122,8 @@ def overview(
     if host_only:
         res.notes.append("no device events: a CPU run; the host's framework ops are its compute")
     res.tables["steps"] = per_step
-    summary = _summary(per_step, host_only, _memory_shares(trace, ranks, steps))
+    dx = _diagnosis(trace, ranks, steps)
+    summary = _summary(per_step, host_only, _memory_shares(trace, ranks, steps), dx)
     res.tables["summary"] = summary
     res.tables["top_ops"], res.tables["top_kernels"] = _top(trace, ranks, steps, top)
     res.facts = {"ranks": len(summary), "steps": 0, "host_only": False}
@@ -140,7 +132,17 @@ def overview(
         res.facts["host_only"] = bool(summary["host_only"].all())
         worst = summary.sort_values("step_ms_mean", ascending=False).iloc[0]
         res.facts |= {"step_ms_mean": float(worst.step_ms_mean), "bottleneck": worst.bottleneck}
+    if dx is not None and dx.facts.get("headline"):
+        res.facts["headline"] = dx.facts["headline"]
     return res
+
+
+def _diagnosis(trace: Trace, ranks: Iterable[int] | None, steps: StepSelection) -> Result | None:
+    """The critical-path diagnosis the bottleneck is read from (None if it cannot be made:
+    the overview's numbers stand without it, and a note says so)."""
+    from xpuprof.analysis.diagnosis import diagnosis
+
+    return diagnosis(trace, ranks=ranks, steps=steps)
 
 
 def _rank_key(rank: object) -> int:
@@ -166,9 +168,9 @@ def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFra
         if dev.empty:
             host_only.add(key)
             dev = re_[re_.level == "op"]
-            kinds = np.full(len(dev), COMPUTATION, dtype=object)
+            kinds = np.full(len(dev), "compute", dtype=object)
         else:
-            kinds = kernel_type(dev.level, dev.name).to_numpy()
+            kinds = work_class(dev.level, dev.name).to_numpy()
         groups = _groups(dev, kinds)
         ri = inp[inp_rank == key]
         start = ri.ts.to_numpy(np.int64)
@@ -182,37 +184,34 @@ def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFra
 
 
 def _input_spans(trace: Trace, w: str) -> pd.DataFrame:
-    """Host spans of input loading (named as :data:`INPUT_NAME` matches)."""
-    names = trace.sql(
-        f"select distinct name from events where level in ('op', 'annotation', 'python') and {w}"
-    ).name
-    wanted = [n for n in names if isinstance(n, str) and INPUT_NAME.search(n)]
-    if not wanted:
+    """Host spans of input loading (``analysis.inputs``: the diagnosis' own), with ranks."""
+    from xpuprof.analysis.inputs import input_spans_by_part
+
+    rank_of = {s["part"]: s["rank"] for s in trace.sources}
+    spans = input_spans_by_part(trace, list(rank_of))
+    if not spans:
         return pd.DataFrame({"rank": [], "ts": [], "dur": []})
-    lst = ", ".join("'" + n.replace("'", "''") + "'" for n in wanted)
-    return trace.sql(f"select rank, ts, dur from events where name in ({lst}) and {w}")
+    df = pd.concat([g.assign(rank=rank_of[p]) for p, g in spans.items()], ignore_index=True)
+    df["rank"] = df["rank"].astype("Float64")
+    return df[["rank", "ts", "dur"]]
 
 
 def _groups(dev: pd.DataFrame, kinds: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """(starts, ends) of the device work of each part that device work can fill."""
+    """(starts, ends) of the device work of each part that device work can fill (``kinds``:
+    the work class of each event)."""
     s = dev.ts.to_numpy(np.int64)
     e = s + dev.dur.to_numpy(np.int64)
-    lv = dev.level.astype(str).to_numpy()
     k = np.asarray(kinds).astype(str)
-    masks = {
-        "compute": k == COMPUTATION,
-        "communication": k == COMMUNICATION,
-        "memcpy": (k == MEMORY) & (lv == "memcpy"),
-        "memset": (k == MEMORY) & (lv == "memset"),
-        "other": k == OTHER,
-    }
-    return {name: (s[m], e[m]) for name, m in masks.items()}
+    names = ("compute", "communication", "memcpy", "memset", "other")
+    return {name: (s[k == name], e[k == name]) for name in names}
 
 
 def _summary(
-    per_step: pd.DataFrame, host_only: set[int], shares: dict[int | None, float]
-) -> pd.DataFrame:
+    per_step: pd.DataFrame, host_only: set[int], shares: dict[int | None, float],
+    dx: Result | None,
+) -> pd.DataFrame:  # fmt: skip
     """One row per rank: step statistics, the fractions of the parts, the bottleneck."""
+    tops = _bottlenecks(dx)
     summary = []
     for rank, g in per_step.groupby("rank", dropna=False):
         total = g.step_ns.sum()
@@ -229,9 +228,25 @@ def _summary(
             "host_only": cpu,
         }
         key = None if pd.isna(rank) else int(rank)
-        row["bottleneck"] = _bottleneck(frac, shares.get(key), cpu_run=cpu)
+        top = tops.get(key)
+        row["bottleneck"] = ("compute-bound (CPU ops)" if cpu and top == "cpu" else
+                             _bottleneck(top, shares.get(key)))  # fmt: skip
         summary.append(row)
     return pd.DataFrame(summary)
+
+
+def _bottlenecks(dx: Result | None) -> dict[int | None, str]:
+    """Per rank, the category with the most time per step on its critical path."""
+    out: dict[int | None, str] = {}
+    s = None if dx is None else dx.tables.get("summary")
+    if s is None or s.empty:
+        return out
+    from xpuprof.analysis.diagnosis import BOTTLENECKS
+
+    s = s[s.category.isin(BOTTLENECKS)]
+    for rank, g in s.groupby("rank", dropna=False, sort=False):
+        out.setdefault(None if pd.isna(rank) else int(rank), str(g.category.iloc[0]))
+    return out
 
 
 def _top(
@@ -280,16 +295,13 @@ def _memory_shares(
     return out
 
 
-def _bottleneck(frac: dict[str, float], memory_share: float | None, cpu_run: bool = False) -> str:
-    if frac["input"] >= INPUT_HIGH:
-        return "input-bound (highly)"
-    if frac["input"] >= INPUT_MODERATE:
-        return "input-bound (moderately)"
-    if frac["communication"] >= COMMUNICATION_BOUND:
-        return "communication-bound"
-    if frac["host_idle"] >= HOST_BOUND:
-        # on a CPU run there are no launches: the time is Python and dispatch between ops
-        return "host-bound (time outside framework ops)" if cpu_run else "host/launch-bound"
-    if memory_share is None:
-        return "device-bound"
-    return "memory-bandwidth-bound" if memory_share >= MEMORY_BOUND_SHARE else "compute-bound"
+def _bottleneck(category: str | None, memory_share: float | None) -> str:
+    """The overview's words for a rank's bottleneck category (``compute`` told apart by the
+    roofline: memory-bandwidth-bound, compute-bound, or device-bound without FLOPs)."""
+    from xpuprof.analysis.diagnosis import BOTTLENECK_LABEL
+
+    if category is None:
+        return "-"
+    if category == "compute" and memory_share is not None:
+        return "memory-bandwidth-bound" if memory_share >= MEMORY_BOUND_SHARE else "compute-bound"
+    return BOTTLENECK_LABEL.get(category, category)

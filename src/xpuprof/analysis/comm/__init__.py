@@ -46,6 +46,7 @@ __all__ = [
     "SUMMARY_COLUMNS",
     "WHOLE_GROUP",
     "XLA_SIZE",
+    "collective_waits",
     "collectives",
     "kernel_parts",
     "normalize_collective",
@@ -107,6 +108,47 @@ def collectives(
         tables.update(skew_tables)
         notes += skew_notes
     return Result(tables=tables, notes=notes)
+
+
+WAIT_COLUMNS = ["part", "rank", "participant", "id", "ts", "dur", "collective", "process_group",
+                "seq", "wait_ns", "last_participant", "last_rank"]  # fmt: skip
+
+
+def collective_waits(trace: Trace) -> pd.DataFrame:
+    """Per collective kernel, when several participants recorded it: how long it waited at its
+    start for the last participant to arrive (``wait_ns``: the last participant's aligned
+    start minus its own, clipped to [0, dur]; ``docs/comm.md``), and who that was. Every
+    collective of the store (cached on the trace); empty for one participant."""
+    key = ("analysis.comm.collective_waits",)
+    if key in trace.memo:
+        return trace.memo[key]
+    n = trace.sql("select count(distinct part) as n from events where level = 'collective'")
+    out = pd.DataFrame(columns=WAIT_COLUMNS)
+    if int(n["n"].iloc[0] or 0) >= 2:
+        res = collectives(trace)
+        if "skew" in res.tables and len(res.tables["skew"]):
+            out = _waits(res.tables["collectives"], res.tables["clock"], res.tables["skew"])
+    trace.memo[key] = out
+    return out
+
+
+def _waits(coll: pd.DataFrame, clock: pd.DataFrame, sk: pd.DataFrame) -> pd.DataFrame:
+    offset = coll["participant"].map(dict(zip(clock["participant"], clock["offset_ns"],
+                                              strict=True))).fillna(0)  # fmt: skip
+    m = coll.assign(ats=coll["ts"] - offset).merge(
+        sk[["process_group", "seq", "last_start", "last_participant"]],
+        on=["process_group", "seq"], how="inner")  # fmt: skip
+    wait = np.clip((m["last_start"] - m["ats"]).to_numpy(np.float64), 0,
+                   m["dur"].to_numpy(np.float64))  # fmt: skip
+    ranks = coll.drop_duplicates("participant").set_index("participant")["rank"]
+    return pd.DataFrame({
+        "part": m["part"].to_numpy(), "rank": m["rank"], "participant": m["participant"],
+        "id": m["id"].to_numpy(), "ts": m["ts"].to_numpy(), "dur": m["dur"].to_numpy(),
+        "collective": m["collective"], "process_group": m["process_group"],
+        "seq": m["seq"].to_numpy(), "wait_ns": wait.astype(np.int64),
+        "last_participant": m["last_participant"],
+        "last_rank": m["last_participant"].map(ranks).astype("Int64"),
+    })  # fmt: skip
 
 
 def _participants(df: pd.DataFrame) -> tuple[np.ndarray, bool]:

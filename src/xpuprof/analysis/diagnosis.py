@@ -1,0 +1,471 @@
+"""Diagnosis: per rank and step, where the critical path spends its time, and the one sentence
+that says what bounds the run.
+
+The critical path of each part comes from the dependency graph with inferred host waits
+(:mod:`xpuprof.analysis.path_time`), computed once over the whole part and cut at step
+boundaries, so a trace of hundreds of steps costs one longest-path query per rank. Each
+piece of a step is one of :data:`~xpuprof.analysis.path_time.CATEGORIES`; the bottleneck of a
+rank is the category with the most time per step (``device_gap``, the µs between queued
+kernels, is never one). ``docs/advise.md`` defines the categories and the headline.
+
+Step windows are the rank's step spans (``level = 'step'``); a rank without any is one window
+from its first to its last event. Time of a step the path does not cover (before its first
+node, after its last) is ``off_path``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from xpuprof.analysis.common import Result, StepSelection, number_ranges, step_mode
+from xpuprof.analysis.path_time import CATEGORIES, PathTime, path_times
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from xpuprof.trace.trace import Trace
+
+#: What each category means, as a headline names it.
+DESCRIPTION = {
+    "input": "waiting for input",
+    "cpu": "CPU-bound framework work",
+    "outside_ops": "host time outside framework ops (Python, untraced code)",
+    "runtime": "runtime calls that neither launch nor wait (allocation, setup)",
+    "launch": "kernel-launch overhead",
+    "sync": "host blocked on the device while it idles",
+    "compute": "device compute",
+    "memcpy": "memory copies",
+    "memset": "memory sets",
+    "communication": "communication (transfer)",
+    "comm_wait": "communication waiting for another rank",
+    "device_gap": "gaps between queued device work",
+    "other": "other device work",
+    "device_idle": "device idle, no host work linked to it",
+    "off_path": "step time the critical path does not cover",
+}
+#: How the overview's ``bottleneck`` column names each category.
+BOTTLENECK_LABEL = {
+    "input": "input-bound", "cpu": "host-bound (framework CPU work)",
+    "outside_ops": "host-bound (outside framework ops)", "runtime": "host-bound (runtime calls)",
+    "launch": "launch-bound", "sync": "host blocked on the device", "compute": "device-bound",
+    "memcpy": "copy-bound", "memset": "device-bound (memory sets)",
+    "communication": "communication-bound", "comm_wait": "waiting for a late rank",
+    "other": "device-bound (other work)", "device_idle": "device idle (cause not linked)",
+    "off_path": "not on the critical path",
+}  # fmt: skip
+#: Categories that can be a bottleneck.
+BOTTLENECKS = tuple(c for c in CATEGORIES if c != "device_gap")
+COLUMNS = [f"{c}_ns" for c in (*CATEGORIES, "off_path")]
+
+
+def diagnosis(
+    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
+    top: int = 5,
+) -> Result:  # fmt: skip
+    """Where the critical path of each selected rank and step spends its time.
+
+    Tables: ``steps`` (one row per rank and step: ``step_ns`` and ns per category, the
+    step's ``bottleneck``), ``summary`` (per rank and category: mean ``time_ns`` per step,
+    ``share`` of the mean step, in descending order), ``events`` (per rank and category, the
+    ``top`` events the path is charged to: ``time_ns`` in all selected steps, ``per_step_ns``,
+    the ``steps`` they appear in and their ids). Facts: ``headline``, ``bottleneck`` (a
+    category), ``bottleneck_rank``, ``bottleneck_ns_per_step``, ``bottleneck_share``,
+    ``steps``, ``path`` (``graph``, or ``device`` when no host work is linked to the device).
+    """
+    mode, numbers = step_mode(steps)
+    key = ("analysis.diagnosis", None if ranks is None else tuple(sorted(int(r) for r in ranks)),
+           mode, None if numbers is None else tuple(numbers), int(top))  # fmt: skip
+    if key not in trace.memo:
+        trace.memo[key] = _diagnosis(trace, ranks, steps, top)
+    done = trace.memo[key]
+    return Result(tables=dict(done.tables), notes=list(done.notes), facts=dict(done.facts))
+
+
+def _diagnosis(trace: Trace, ranks, steps: StepSelection, top: int) -> Result:
+    res = Result(facts={"steps": 0})
+    wanted = None if ranks is None else {int(r) for r in ranks}
+    parts = [int(s["part"]) for s in trace.sources
+             if wanted is None or (s["rank"] is not None and int(s["rank"]) in wanted)]  # fmt: skip
+    if not parts:
+        res.notes.append("no rank selected: nothing to diagnose")
+        return res
+    paths = path_times(trace, parts)
+    windows = _windows(trace, parts, steps)
+    rows, evs = [], []
+    for p in parts:
+        pt, w = paths[p], windows.get(p)
+        res.notes += [n for n in pt.notes if n not in res.notes]
+        if w is None or w.empty:
+            continue
+        r, e = _per_step(pt, w)
+        rows.append(r)
+        evs.append(e)
+    if not rows:
+        res.notes.append("no steps selected and no events: nothing to diagnose")
+        return res
+    per_step = pd.concat(rows, ignore_index=True)
+    res.tables["summary"] = _summary(per_step)
+    per_step = per_step[[c for c in per_step.columns if not c.startswith("_idle_")]]
+    res.tables["steps"] = per_step
+    res.tables["events"] = _events(trace, pd.concat(evs, ignore_index=True), top)
+    res.facts = _facts(trace, res.tables, paths)
+    return res
+
+
+# ---------------------------------------------------------------------------- step windows
+
+
+def _windows(trace: Trace, parts: list[int], steps: StepSelection) -> dict[int, pd.DataFrame]:
+    """Per part, its selected step windows (``step``, ``ts``, ``end``), disjoint and sorted."""
+    mode, numbers = step_mode(steps)
+    sql = ", ".join(map(str, parts))
+    st = trace.sql(
+        "select part, step, min(ts) as ts, max(ts + dur) as end from events where level = "
+        f"'step' and device < 0 and dur > 0 and part in ({sql}) group by part, step order by 1, 3"
+    )
+    out: dict[int, pd.DataFrame] = {}
+    have = set(st.part.astype(int)) if len(st) else set()
+    for p, g in st.groupby("part"):
+        g = g.reset_index(drop=True)
+        if mode == "drop-last" and len(g) >= 2:
+            g = g[g.step != g.step.max()]
+        elif mode == "list":
+            g = g[g.step.isin(numbers or [])]
+        ts, end = g.ts.to_numpy(np.int64), g.end.to_numpy(np.int64).copy()
+        end[:-1] = np.minimum(end[:-1], ts[1:])  # nested or overlapping spans: no double count
+        out[int(p)] = g.assign(ts=ts, end=end).reset_index(drop=True)
+    lone = [p for p in parts if p not in have]
+    if lone and mode != "list":
+        span = trace.sql(
+            "select part, min(ts) as ts, max(ts + coalesce(dur, 0)) as end from events where "
+            f"part in ({', '.join(map(str, lone))}) and level != 'other' group by part"
+        )
+        for r in span.itertuples(index=False):
+            out[int(r.part)] = pd.DataFrame({"step": pd.array([pd.NA], "Int64"),
+                                             "ts": [int(r.ts)], "end": [int(r.end)]})  # fmt: skip
+    return out
+
+
+def _per_step(pt: PathTime, w: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Cut the path's pieces at the windows: ns per category per window, and per (window,
+    category, event)."""
+    w0, w1 = w.ts.to_numpy(np.int64), w.end.to_numpy(np.int64)
+    c = np.unique(np.r_[w0, w1])
+    s, e = pt.start, pt.end
+    lo = np.searchsorted(c, s, side="right")
+    hi = np.searchsorted(c, e, side="left")
+    n_cuts = np.maximum(hi - lo, 0)
+    piece = np.repeat(np.arange(len(s)), n_cuts + 1)
+    j = np.arange(len(piece)) - np.r_[0, np.cumsum(n_cuts + 1)[:-1]][piece]
+    inner = c[np.minimum(lo[piece] + j - 1, len(c) - 1)] if len(c) else s[piece]
+    ps = np.where(j == 0, s[piece], inner)
+    pe = np.where(j == n_cuts[piece], e[piece], np.r_[ps[1:], 0])
+    k = np.searchsorted(w0, ps, side="right") - 1
+    inside = (k >= 0) & (pe <= w1[np.maximum(k, 0)]) & (pe > ps)
+    k, length = k[inside], (pe - ps)[inside]
+    cat, event = pt.category[piece][inside], pt.event[piece][inside]
+    n_cat = len(CATEGORIES)
+    grid = np.bincount(k * n_cat + cat, weights=length, minlength=len(w) * n_cat)
+    grid = grid.reshape(len(w), n_cat).astype(np.int64)
+    idle = ~pt.device_busy[piece][inside]
+    idle_grid = np.bincount(k[idle] * n_cat + cat[idle], weights=length[idle],
+                            minlength=len(w) * n_cat).reshape(len(w), n_cat)  # fmt: skip
+    step_ns = w1 - w0
+    df = pd.DataFrame(grid, columns=[f"{c}_ns" for c in CATEGORIES])
+    df["off_path_ns"] = np.maximum(step_ns - grid.sum(axis=1), 0)
+    cands = df[[f"{c}_ns" for c in BOTTLENECKS] + ["off_path_ns"]].to_numpy()
+    names = np.array([*BOTTLENECKS, "off_path"], dtype=object)
+    head = pd.DataFrame({"rank": pd.array([pt.rank] * len(w), "Int64"), "part": pt.part,
+                         "step": pd.array(w.step.to_numpy(), "Int64"), "ts": w0,
+                         "step_ns": step_ns})  # fmt: skip
+    out = pd.concat([head, df], axis=1)
+    out["bottleneck"] = names[cands.argmax(axis=1)] if len(out) else []
+    for i, c in enumerate(CATEGORIES):  # how much of it the device idled (summary only)
+        out[f"_idle_{c}"] = idle_grid[:, i].astype(np.int64)
+    ev = pd.DataFrame({"window": k, "category": cat, "event": event, "ns": length})
+    ev = ev.groupby(["window", "category", "event"], as_index=False).agg(
+        ns=("ns", "sum"), segments=("ns", "size")
+    )
+    ev["step"] = pd.array(w.step.to_numpy(), "Int64")[ev.window.to_numpy()]
+    ev["rank"], ev["part"] = pt.rank, pt.part
+    return out, ev
+
+
+# ---------------------------------------------------------------------------------- tables
+
+
+def _summary(per_step: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (part,), g in per_step.groupby(["part"]):
+        mean = float(g.step_ns.mean())
+        for c in (*CATEGORIES, "off_path"):
+            t = float(g[f"{c}_ns"].mean())
+            if t > 0:
+                idle = g[f"_idle_{c}"].sum() / g[f"{c}_ns"].sum() if c != "off_path" else 1.0
+                rows.append({"rank": g["rank"].iloc[0], "part": part, "category": c,
+                             "description": DESCRIPTION[c], "time_ns": t,
+                             "share": t / mean if mean else 0.0, "device_idle": float(idle),
+                             "steps": len(g)})  # fmt: skip
+    out = pd.DataFrame(rows, columns=["rank", "part", "category", "description", "time_ns",
+                                      "share", "device_idle", "steps"])  # fmt: skip
+    out["rank"] = out["rank"].astype("Int64")
+    return out.sort_values(["part", "time_ns"], ascending=[True, False], ignore_index=True)
+
+
+#: How many event ids an ``events`` row lists (the web UI links them into the timeline).
+MAX_IDS = 20
+
+
+def _events(trace: Trace, ev: pd.DataFrame, top: int) -> pd.DataFrame:
+    """Per part and category, the ``top`` names the path is charged to by time, with the
+    steps they appear in, (up to :data:`MAX_IDS`) the ids of their events, and the one event
+    with the most path time (``top_event``, ``top_event_ns``: one slow call is not the same
+    finding as many short ones)."""
+    cols = ["rank", "part", "category", "name", "time_ns", "per_step_ns", "events", "steps",
+            "ids", "top_event", "top_event_ns"]  # fmt: skip
+    if ev.empty:
+        return pd.DataFrame(columns=cols)
+    n_steps = ev.groupby("part")["window"].max() + 1  # windows are numbered 0..n-1
+    names = pd.Series(names_of(trace, ev.event.to_numpy(np.int64)), index=ev.index)
+    ev = ev.assign(name=names.where(ev.event >= 0, "(no event)"))
+    g = ev.groupby(["part", "category", "name"], as_index=False, sort=False).agg(
+        rank=("rank", "first"), time_ns=("ns", "sum")
+    )
+    g = g.sort_values(["part", "category", "time_ns"], ascending=[True, True, False])
+    g = g.groupby(["part", "category"]).head(max(int(top), 1)).reset_index(drop=True)
+    keep = ev.merge(g[["part", "category", "name"]], on=["part", "category", "name"])
+    k = ["part", "category", "name"]
+    steps = keep.dropna(subset=["step"]).drop_duplicates([*k, "step"]).sort_values("step")
+    steps = steps.groupby(k).step.agg(lambda x: [int(v) for v in x])
+    one = keep[keep.event >= 0].groupby([*k, "event"], as_index=False).ns.sum()
+    ids = one.sort_values("event").groupby(k).event.agg(lambda x: x.head(MAX_IDS).tolist())
+    count = one.groupby(k).size()
+    top1 = one.sort_values("ns").groupby(k).tail(1).set_index(k)
+    idx = pd.MultiIndex.from_frame(g[k])
+    g["steps"] = [v if isinstance(v, list) else [] for v in steps.reindex(idx).tolist()]
+    g["ids"] = [v if isinstance(v, list) else [] for v in ids.reindex(idx).tolist()]
+    g["events"] = count.reindex(idx).fillna(0).astype(int).to_numpy()
+    g["top_event"] = top1.event.reindex(idx).to_numpy()
+    g["top_event_ns"] = top1.ns.reindex(idx).to_numpy()
+    g["per_step_ns"] = g.time_ns / g.part.map(n_steps)
+    g["category"] = np.asarray(CATEGORIES, dtype=object)[g.category.to_numpy(np.int64)]
+    g["rank"] = g["rank"].astype("Int64")
+    return g[cols]
+
+
+def names_of(trace: Trace, ids: np.ndarray) -> np.ndarray:
+    """The name of each event id (None for -1)."""
+    import pyarrow as pa
+
+    ids = np.asarray(ids, np.int64)
+    want = np.unique(ids[ids >= 0])
+    if not len(want):
+        return np.full(len(ids), None, dtype=object)
+    trace.con.register("_dx_names", pa.table({"id": pa.array(want, pa.int64())}))
+    try:
+        df = trace.sql("select id, name from events where id in (select id from _dx_names)")
+    finally:
+        trace.con.unregister("_dx_names")
+    m = dict(zip(df.id.to_numpy(np.int64).tolist(), df.name.tolist(), strict=True))
+    return np.array([m.get(int(i)) for i in ids], dtype=object)
+
+
+# ------------------------------------------------------------------------------- headline
+
+
+def _facts(trace: Trace, tables: dict, paths: dict[int, PathTime]) -> dict:
+    per_step, summary, events = tables["steps"], tables["summary"], tables["events"]
+    means = per_step.groupby("part").step_ns.mean()
+    part = int(means.idxmax())  # judge the rank with the slowest mean step
+    s = summary[(summary.part == part) & summary.category.isin(BOTTLENECKS)]
+    facts: dict = {"steps": len(per_step), "path": paths[part].source}
+    if s.empty:
+        return facts
+    top = s.iloc[0]
+    rank = per_step[per_step.part == part]["rank"].iloc[0]
+    steps = per_step[per_step.part == part].step.dropna().astype(int).tolist()
+    facts |= {
+        "bottleneck": str(top.category),
+        "bottleneck_rank": None if pd.isna(rank) else int(rank),
+        "bottleneck_ns_per_step": float(top.time_ns),
+        "bottleneck_share": float(top.share),
+        "headline": headline(trace, s, events, rank, steps, part),
+    }  # fmt: skip
+    return facts
+
+
+#: How a headline names each category (``{runtime}``: the platform's device API).
+PHRASE = {
+    "input": "waiting for input", "cpu": "CPU-bound framework work",
+    "outside_ops": "host time outside framework ops (Python, untraced code)",
+    "runtime": "{runtime}runtime calls", "launch": "kernel-launch overhead",
+    "sync": "host blocked", "compute": "device compute", "memcpy": "memory copies",
+    "memset": "memory sets", "communication": "communication",
+    "comm_wait": "waiting in collectives", "device_gap": "gaps between device work",
+    "other": "other device work", "device_idle": "device idle", "off_path": "off the path",
+}  # fmt: skip
+
+
+def headline(trace: Trace, ranked: pd.DataFrame, events: pd.DataFrame, rank, steps: list[int],
+             part: int = 0) -> str:  # fmt: skip
+    """``Bottleneck: <what> <time> per step (<share>)[ (<where>)], rank R, steps A–B``: the
+    category with the most time per step on the rank's critical path (``ranked``: its
+    summary rows, largest first), and the runner-up when it is at least half as large (then
+    fixing the first alone leaves at least a third of the two: naming one would mislead)."""
+    ranked = ranked.assign(stepped=bool(steps))
+    first = ranked.iloc[0]
+    parts = [phrase(trace, first, events, part, rank)]
+    if len(ranked) > 1 and ranked.iloc[1].time_ns >= 0.5 * first.time_ns:
+        parts.append(phrase(trace, ranked.iloc[1], events, part, rank))
+    where = [] if rank is None or pd.isna(rank) else [f"rank {int(rank)}"]
+    if steps:
+        where.append(f"step{'s' if len(steps) > 1 else ''} {number_ranges(steps)}")
+    return "Bottleneck: " + "; ".join(parts) + "".join(", " + w for w in where)
+
+
+def phrase(trace: Trace, row: pd.Series, events: pd.DataFrame, part: int, rank) -> str:
+    """One category of a rank's path in words: what, how long per step, the share of the
+    step, and the event most of it is charged to, with the op and annotation above it."""
+    from xpuprof.analysis.platform import platform_of
+
+    category = str(row.category)
+    t = (f"{fmt_ns(row.time_ns)} per step ({row.share:.0%})" if row.get("stepped", True)
+         else f"{fmt_ns(row.time_ns)} ({row.share:.0%} of the trace)")  # fmt: skip
+    plat = platform_of(trace, part)
+    rt = plat.runtime
+    words = PHRASE[category].format(runtime=f"{rt} " if rt else "")
+    if category == "cpu" and plat.vendor == "cpu":
+        words = "framework ops (a CPU run's compute)"
+    evs = events[(events.part == part) & (events.category == category)]
+    ids = [i for ids in evs.ids for i in ids[:1]]
+    if category == "comm_wait":
+        late = late_rank(trace, rank)
+        return f"{words}{f' for rank {late}' if late is not None else ''} {t}"
+    if not ids or category in ("outside_ops", "device_gap", "device_idle"):
+        return f"{words} {t}"
+    d = describe(trace, np.asarray(ids[:1], np.int64)).iloc[0]
+    if category == "sync":
+        return f"host blocked {t} in {d.what}{_where(d)}"
+    name = str(d["name"])
+    if category in ("compute", "memcpy", "memset", "communication", "other"):
+        name = short_name(name)
+    return f"{words} {t}, most in `{name}`{_where(d)}"
+
+
+def _where(d: pd.Series) -> str:
+    parts = []
+    if d.get("op") and d["op"] != d["name"]:
+        parts.append(f"`{d['op']}`")
+    if d.get("annotation") and d["annotation"] != d["name"]:
+        parts.append(f"under `{d['annotation']}`")
+    elif d.get("layer") and d["layer"] != d["name"]:
+        parts.append(f"in `{d['layer']}`")
+    return f" ({' '.join(parts)})" if parts else ""
+
+
+def late_rank(trace: Trace, rank) -> int | None:
+    """The participant most often last in the collectives this rank waited in."""
+    from xpuprof.analysis.comm import collective_waits
+
+    w = collective_waits(trace)
+    if w.empty:
+        return None
+    mine = w[(w["rank"] == rank) & (w.wait_ns > 0)] if rank is not None else w[w.wait_ns > 0]
+    if mine.empty:
+        return None
+    late = mine.groupby("last_rank").wait_ns.sum().sort_values(ascending=False)
+    return None if late.empty or pd.isna(late.index[0]) else int(late.index[0])
+
+
+# ------------------------------------------------------------------------- describing events
+
+_COPY = re.compile(r"(DtoH|Device\s*->\s*Host|Device -> Pageable|Device -> Pinned|D2H)", re.I)
+_TO_DEVICE = re.compile(r"(HtoD|Host\s*->\s*Device|Pageable -> Device|Pinned -> Device|H2D)",
+                        re.I)  # fmt: skip
+
+
+def describe(trace: Trace, ids: np.ndarray) -> pd.DataFrame:
+    """For each event id: ``name``, the outermost enclosing ``op`` (what the user called), the
+    nearest ``annotation`` (``record_function``) and ``layer`` (module path) above it, the
+    nearest ``python`` frame, the device ``copy`` it issued (same correlation), and ``what`` it
+    is in words (``a device-to-host copy (pageable)``, ``a stream synchronize``…)."""
+    ids = np.asarray(ids, np.int64)
+    t = trace.tree(host_only=True)
+    rows = t.rows_of(ids)
+    ok = rows >= 0
+    out = pd.DataFrame({"id": ids, "name": names_of(trace, ids)})
+    for col, levels in (("op", "op"), ("annotation", "annotation"), ("layer", "layer"),
+                        ("python", "python")):  # fmt: skip
+        far = col == "op"
+        anc = np.full(len(ids), -1)
+        if ok.any():
+            anc[ok] = t.ancestor_at(levels, rows[ok], farthest=far, strict=False)
+        out[col] = t.names_of(anc)
+    out["copy"] = _copies(trace, ids)
+    out["what"] = [_what(str(n), c) for n, c in zip(out["name"], out["copy"], strict=True)]
+    return out
+
+
+def _copies(trace: Trace, ids: np.ndarray) -> list[str | None]:
+    import pyarrow as pa
+
+    trace.con.register("_dx_copy", pa.table({"id": pa.array(ids, pa.int64())}))
+    try:
+        df = trace.sql(
+            "select h.id, any_value(d.name) as copy from events h join events d on "
+            "d.part = h.part and d.correlation = h.correlation and d.level = 'memcpy' "
+            "where h.id in (select id from _dx_copy) group by h.id"
+        )
+    finally:
+        trace.con.unregister("_dx_copy")
+    m = dict(zip(df["id"].tolist(), df["copy"].tolist(), strict=True))
+    return [m.get(int(i)) for i in ids]
+
+
+def _what(name: str, copy: str | None) -> str:
+    """A blocking call in words."""
+    pageable = " (pageable memory)" if copy and "pageable" in copy.lower() else ""
+    if copy and _COPY.search(copy):
+        return f"a device-to-host copy{pageable}"
+    if copy and _TO_DEVICE.search(copy):
+        return f"a host-to-device copy{pageable}"
+    low = name.lower()
+    if "memcpy" in low:
+        return "a synchronous copy"
+    for key, words in (("streamsynchronize", "a stream synchronize"),
+                       ("devicesynchronize", "a device synchronize"),
+                       ("ctxsynchronize", "a device synchronize"),
+                       ("eventsynchronize", "an event synchronize"),
+                       ("eventquery", "an event query")):  # fmt: skip
+        if key in low:
+            return words
+    return f"`{name}`"
+
+
+def fmt_ns(ns: float) -> str:
+    """A duration with a unit and three significant digits."""
+    ns = float(ns)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(ns) >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def short_name(name: str) -> str:
+    """A kernel or op name without template arguments and parameters (``void f<...>(...)`` →
+    ``f``)."""
+    s = re.sub(r"^void\s+", "", name.strip()).replace("(anonymous namespace)::", "")
+    depth, out = 0, []
+    for ch in s:  # drop <...> and (...) at any depth
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)" and depth:
+            depth -= 1
+        elif not depth:
+            out.append(ch)
+    short = "".join(out).strip() or s
+    return short if len(short) <= 80 else short[:77] + "…"

@@ -1,0 +1,569 @@
+"""The critical path of one part as a labelled timeline: consecutive pieces of time, each with
+the category of what bounded the run then and the event it is charged to.
+
+Built on the dependency graph (:mod:`xpuprof.trace.graph`, HTA's edges) plus one kind of edge
+HTA's graph only has when PyTorch recorded ``cuda_sync`` events: a host call that blocks (a
+synchronize, a synchronous copy) ends after the device work that ended last inside it, so the
+path may go through that work and come back to the host (*inferred sync edges*, weight 0,
+like HTA's own sync edges). Without them, the longest path through a trace of many steps
+cannot leave the host, and every device-bound step would read as host time.
+
+The longest path is then cut into pieces labelled with :data:`CATEGORIES`
+(``docs/advise.md`` defines each): host time is ``cpu`` (framework ops), ``outside_ops``
+(between top-level ops), ``runtime`` (runtime calls that neither launch nor wait),
+``launch`` (launch calls and the launch latency of work onto an idle stream), ``sync`` (blocked
+in a synchronising call), or ``input`` when it lies inside an input span; device time is the
+work class of the work (``analysis.common.work_class``), ``communication`` split into
+``comm_wait`` (the start of a collective, until the last participant arrived) and transfer,
+and ``device_gap`` (gaps between queued work). A ``sync`` piece during which the device ran
+work is that work's class: the host was waiting for it, so the device bounded the run.
+
+A part with device work but no host calls linked to it (XPlane TPU traces) has no graph
+path: its timeline is the device's own (work classes, and ``device_idle``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from xpuprof.analysis.common import WORK_CLASSES, merge_intervals, work_class
+from xpuprof.core.names import DEVICE_LEVELS
+from xpuprof.trace.graph import (
+    BLOCKING_CALLS,
+    DependencyGraph,
+    EdgeKind,
+    Edges,
+    NodeKind,
+    dependency_graphs,
+    longest_path,
+)
+
+if TYPE_CHECKING:
+    from xpuprof.trace.trace import Trace
+
+#: What a piece of the critical path is (``docs/advise.md``), in the order tables list them.
+CATEGORIES: tuple[str, ...] = (
+    "input", "cpu", "outside_ops", "runtime", "launch", "sync", "compute", "memcpy", "memset",
+    "communication", "comm_wait", "device_gap", "other", "device_idle",
+)  # fmt: skip
+CODE = {c: i for i, c in enumerate(CATEGORIES)}
+#: Categories of host time (the ones an input span can claim).
+HOST = frozenset({"cpu", "outside_ops", "runtime", "launch", "sync"})
+
+#: Host calls that wait for the device, on every platform: HTA's CUDA list, the driver API,
+#: HIP, and MTIA's runtime. ``cudaEventQuery`` polls (HTA lists it; it waits only as long as
+#: it takes).
+SYNC_CALLS = frozenset(BLOCKING_CALLS) | {
+    "cudaMemcpy2D", "cudaMemcpy2DAsync", "cudaMemcpy3D", "cudaMemcpyPeer",
+    "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cuMemcpyDtoH",
+    "cuMemcpyDtoHAsync", "cuMemcpyHtoD", "cuMemcpy",
+    "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy",
+    "hipMemcpyAsync", "hipMemcpyWithStream", "hipMemcpyDtoH", "hipMemcpyDtoHAsync",
+    "hipMemcpyHtoD", "synchronize", "synchronizeStream",
+}  # fmt: skip
+#: Runtime calls that put work on a device queue (kernels, graphs, async copies and sets).
+LAUNCH_CALL = re.compile(r"Launch|MemsetAsync|^enqueueCommand|^runFunction", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class PathTime:
+    """One part's critical path as pieces ``[start, end)`` (ns, disjoint, in time order),
+    each with a ``category`` code (:data:`CATEGORIES`) and the ``event`` it is charged to
+    (-1: none). ``source``: ``"graph"`` (the dependency graph's longest path) or ``"device"``
+    (no host→device links: the device timeline). ``inferred``: sync edges added.
+    ``device_busy``: whether a device of the part worked at the piece's start (what a rule
+    asks of host time: did the device wait for it?)."""
+
+    part: int
+    rank: int | None
+    start: np.ndarray
+    end: np.ndarray
+    category: np.ndarray
+    event: np.ndarray
+    device_busy: np.ndarray  # bool: some device of the part runs work at the piece's start
+    source: str
+    inferred: int
+    notes: tuple[str, ...]
+
+
+def path_times(trace: Trace, parts: list[int]) -> dict[int, PathTime]:
+    """The labelled critical path of each part, cached on ``trace.memo``."""
+    memo = trace.memo.setdefault("analysis.path_time", {})
+    todo = [p for p in parts if p not in memo]
+    if todo:
+        graphs = dependency_graphs(trace, {p: None for p in todo})
+        dev = _device_events(trace, todo)
+        inputs = _input_claims(trace, todo)
+        host_comm = _host_collectives(trace, todo)
+        comm_waits = _comm_waits(trace, todo)
+        for p in todo:
+            state = DeviceState.of(dev.get(p), comm_waits.get(p))
+            memo[p] = _path_time(trace, graphs[p], state, inputs.get(p), host_comm.get(p))
+    return {p: memo[p] for p in parts}
+
+
+# ------------------------------------------------------------------------- device state
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """What a part's devices do at each instant, as elementary intervals ``bounds[i]`` to
+    ``bounds[i + 1]`` labelled with a category code (-1: idle): compute first, then
+    communication (``comm_wait`` while waiting for the last participant), copies, sets,
+    other work. ``waits``: merged intervals where a collective waited for the last
+    participant, whatever else ran."""
+
+    bounds: np.ndarray
+    label: np.ndarray
+    waits: tuple[np.ndarray, np.ndarray]
+    by_label: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+    @classmethod
+    def of(cls, d: pd.DataFrame | None, waits: tuple[np.ndarray, np.ndarray] | None):
+        no = (np.empty(0, np.int64), np.empty(0, np.int64))
+        waits = merge_intervals(*waits) if waits is not None and len(waits[0]) else no
+        if d is None or d.empty:
+            return cls(np.zeros(1, np.int64), np.empty(0, np.int64), waits, {})
+        s = d.ts.to_numpy(np.int64)
+        e = s + d.dur.to_numpy(np.int64)
+        k = d.work.to_numpy(object)
+        ids = d.id.to_numpy(np.int64)
+        groups = [(CODE[c], merge_intervals(s[k == c], e[k == c])) for c in WORK_CLASSES]
+        groups.insert(1, (CODE["comm_wait"], waits))
+        bounds = _unique(np.concatenate([np.r_[a, b] for _, (a, b) in groups]))
+        label = np.full(max(len(bounds) - 1, 0), -1, np.int64)
+        lo = bounds[:-1]
+        for code, (a, b) in reversed(groups):  # the first group wins: it is written last
+            label[_inside(a, b, lo)] = code
+        by_label = {}
+        for c in WORK_CLASSES:
+            o = np.flatnonzero(k == c)
+            o = o[np.argsort(s[o], kind="stable")]
+            by_label[CODE[c]] = (s[o], e[o], ids[o])
+        by_label[CODE["comm_wait"]] = by_label[CODE["communication"]]
+        return cls(bounds, label, waits, by_label)
+
+    def events_at(self, t: np.ndarray, label: np.ndarray) -> np.ndarray:
+        """The id of a device event of class ``label`` running at each ``t`` (-1: none)."""
+        ev = np.full(len(t), -1, np.int64)
+        for code, (s, e, ids) in self.by_label.items():
+            m = label == code
+            if m.any() and len(s):
+                k = np.maximum(np.searchsorted(s, t[m], side="right") - 1, 0)
+                ev[m] = np.where(e[k] > t[m], ids[k], -1)
+        return ev
+
+    def at(self, t: np.ndarray) -> np.ndarray:
+        """The label at each instant ``t`` (-1: idle or outside)."""
+        if not len(self.label):
+            return np.full(len(t), -1, np.int64)
+        k = np.searchsorted(self.bounds, t, side="right") - 1
+        ok = (k >= 0) & (k < len(self.label))
+        return np.where(ok, self.label[np.clip(k, 0, len(self.label) - 1)], -1)
+
+    def waiting(self, t: np.ndarray) -> np.ndarray:
+        """Whether a collective waits for the last participant at each instant ``t``."""
+        return _inside(*self.waits, t)
+
+
+def _unique(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (a sort: numpy's hash-based unique is slower on int64 times)."""
+    a = np.sort(a, kind="stable")
+    return a[np.r_[True, a[1:] != a[:-1]]] if len(a) else a
+
+
+def _inside(lo: np.ndarray, hi: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Whether each ``t`` lies in one of the merged, sorted intervals ``[lo, hi)``."""
+    if not len(lo):
+        return np.zeros(len(t), bool)
+    k = np.searchsorted(lo, t, side="right") - 1
+    return (k >= 0) & (hi[np.maximum(k, 0)] > t)
+
+
+def _device_events(trace: Trace, parts: list[int]) -> dict[int, pd.DataFrame]:
+    """Each part's device work (id, ts, dur, work class): one Arrow scan for all parts, names
+    kept dictionary-encoded so each distinct name is classified once."""
+    t = trace.table(
+        "events",
+        columns=["id", "part", "level", "name", "ts", "dur"],
+        filters=[("level", "in", list(DEVICE_LEVELS))],
+    ).to_pandas()
+    t = t[t["dur"].notna() & (t["dur"] > 0) & t["part"].isin(parts)]
+    if t.empty:
+        return {}
+    t = t.assign(work=work_class(t["level"], t["name"]).to_numpy())
+    return {int(p): g for p, g in t.groupby("part")}
+
+
+@dataclass(frozen=True)
+class Claims:
+    """Host spans that claim the path's host time (input spans, CPU collectives): ``lo``/``hi``
+    merged; ``starts`` sorted, with the id of the span reaching farthest among those started
+    so far (``reach_id``, -1: not an event) and that reach (``reach``)."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    starts: np.ndarray
+    reach: np.ndarray
+    reach_id: np.ndarray
+
+    @classmethod
+    def of(cls, df: pd.DataFrame | None) -> Claims | None:
+        if df is None or df.empty:
+            return None
+        o = np.argsort(df.ts.to_numpy(np.int64), kind="stable")
+        s = df.ts.to_numpy(np.int64)[o]
+        e = s + df.dur.to_numpy(np.int64)[o]
+        ids = pd.Series(df["id"]).astype("Float64").fillna(-1).to_numpy(np.int64)[o]
+        best = np.maximum.accumulate(np.where(e == np.maximum.accumulate(e),
+                                              np.arange(len(e)), 0))  # fmt: skip
+        lo, hi = merge_intervals(s, e)
+        return cls(lo, hi, s, e[best], ids[best])
+
+    def covers(self, t: np.ndarray) -> np.ndarray:
+        return _inside(self.lo, self.hi, t)
+
+    def id_at(self, t: np.ndarray) -> np.ndarray:
+        """The id of a span covering each ``t`` (-1: none, or not an event)."""
+        k = np.searchsorted(self.starts, t, side="right") - 1
+        kk = np.maximum(k, 0)
+        return np.where((k >= 0) & (self.reach[kk] > t), self.reach_id[kk], -1)
+
+
+@dataclass(frozen=True)
+class HostState:
+    """What the host threads of a part run at each instant, from the graph's host edges of
+    every thread: elementary intervals labelled with a category code (-1: no thread in an op
+    or call), framework CPU work first, then launches, other runtime calls, blocking calls;
+    and per label the edges' intervals and charged events, to name what ran."""
+
+    bounds: np.ndarray
+    label: np.ndarray
+    by_label: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+    @classmethod
+    def of(cls, g: DependencyGraph, info: CallInfo) -> HostState:
+        e, t = g.edges, g.nodes.time
+        host = np.flatnonzero(np.isin(e.kind, [EdgeKind.HOST_WORK, EdgeKind.HOST_WAIT]))
+        s, en = t[e.src[host]], t[e.dst[host]]
+        ok = en > s
+        host, s, en = host[ok], s[ok], en[ok]
+        cat = _base_category(e.kind[host], e.event[host], info)
+        by_label, groups = {}, []
+        for c in ("cpu", "launch", "runtime", "sync"):
+            m = cat == CODE[c]
+            o = np.argsort(s[m], kind="stable")
+            by_label[CODE[c]] = (s[m][o], en[m][o], e.event[host][m][o].astype(np.int64))
+            groups.append((CODE[c], merge_intervals(s[m], en[m])))
+        bounds = _unique(np.concatenate([np.r_[a, b] for _, (a, b) in groups] or [[0]]))
+        label = np.full(max(len(bounds) - 1, 0), -1, np.int64)
+        for code, (a, b) in reversed(groups):
+            label[_inside(a, b, bounds[:-1])] = code
+        return cls(bounds, label, by_label)
+
+    def at(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(label, charged event) at each instant ``t`` (-1, -1: no thread busy)."""
+        lab = DeviceState.at(self, t)  # type: ignore[arg-type]
+        return lab, DeviceState.events_at(self, t, lab)  # type: ignore[arg-type]
+
+
+def _input_claims(trace: Trace, parts: list[int]) -> dict[int, Claims | None]:
+    """Input spans of each part (``analysis.inputs.input_spans_by_part``)."""
+    from xpuprof.analysis.inputs import input_spans_by_part
+
+    return {p: Claims.of(g) for p, g in input_spans_by_part(trace, parts).items()}
+
+
+def _host_collectives(trace: Trace, parts: list[int]) -> dict[int, Claims | None]:
+    """Collectives that run on the host (gloo's ``gloo:<collective>`` spans, on its own
+    threads): while one runs, untraced time of the path waits for it."""
+    sql = ", ".join(map(str, parts))
+    df = trace.sql(f"select part, id, ts, dur from events where part in ({sql}) and device < 0 "
+                   "and dur > 0 and starts_with(lower(name), 'gloo:')")  # fmt: skip
+    return {int(p): Claims.of(g) for p, g in df.groupby("part")}
+
+
+def _comm_waits(trace: Trace, parts: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per part, the intervals where its collectives waited for the last participant."""
+    from xpuprof.analysis.comm import collective_waits
+
+    w = collective_waits(trace)
+    if w.empty:
+        return {}
+    w = w[w.wait_ns > 0]
+    out = {}
+    for p, g in w.groupby("part"):
+        if int(p) in parts:
+            s = g.ts.to_numpy(np.int64)
+            out[int(p)] = (s, s + g.wait_ns.to_numpy(np.int64))
+    return out
+
+
+# ------------------------------------------------------------------------------- the path
+
+
+def _path_time(trace: Trace, g: DependencyGraph, state: DeviceState, inputs: Claims | None,
+               host_comm: Claims | None) -> PathTime:  # fmt: skip
+    """Longest path of ``g`` (with inferred sync edges), cut into labelled pieces."""
+    notes = list(g.notes)
+    if not len(g.nodes) or not (g.nodes.kind >= NodeKind.DEVICE_START).any():
+        if len(state.label):  # device work the graph cannot reach: the device timeline
+            return _device_only(g, state, notes, inputs, host_comm)
+    if not len(g.nodes):
+        empty = np.empty(0, np.int64)
+        return PathTime(g.part, g.rank, empty, empty, empty, empty, empty.astype(bool), "graph",
+                        0, tuple(notes))  # fmt: skip
+    info = _call_info(trace, g)
+    aug, inferred = with_inferred_syncs(g, info)
+    if inferred:
+        notes = [n for n in notes if "no cuda_sync events" not in n]
+        notes.append(f"part {g.part}: {inferred:,} host waits without cuda_sync records were "
+                     "joined to the device work that ended last inside them")  # fmt: skip
+    path = longest_path(aug)
+    e, t = aug.edges, aug.nodes.time
+    times = np.maximum.accumulate(np.r_[t[e.src[path[:1]]], t[e.dst[path]]])
+    start, end = times[:-1], times[1:]
+    cat = _base_category(e.kind[path], e.event[path], info)
+    event = e.event[path].astype(np.int64)
+    latency = e.kind[path] == EdgeKind.LAUNCH
+    if len(start):  # before and after the path the host runs nothing the trace shows
+        start, end = np.r_[_FAR, start, end[-1]], np.r_[start[0], end, -_FAR]
+        cat = np.r_[CODE["outside_ops"], cat, CODE["outside_ops"]]
+        event, latency = np.r_[-1, event, -1], np.r_[False, latency, False]
+    threads = HostState.of(g, info)
+    start, end, cat, event = _refine(start, end, cat, event, latency, state, threads, inputs,
+                                     host_comm)  # fmt: skip
+    busy = state.at(start) >= 0
+    return PathTime(g.part, g.rank, start, end, cat, event, busy, "graph", inferred,
+                    tuple(notes))  # fmt: skip
+
+
+def _device_only(g: DependencyGraph, state: DeviceState, notes: list[str],
+                 inputs: Claims | None, host_comm: Claims | None) -> PathTime:  # fmt: skip
+    """The device timeline as the path; its idle time inside an input span (or a host
+    collective) is what the device waited for."""
+    cuts = [state.bounds] + [x for c in (inputs, host_comm) if c is not None for x in (c.lo, c.hi)]
+    b = _unique(np.concatenate(cuts))
+    lab = state.at(b[:-1])
+    cat = np.where(lab < 0, CODE["device_idle"], lab)
+    ev = np.full(len(cat), -1, np.int64)
+    for claims, code in ((host_comm, CODE["communication"]), (inputs, CODE["input"])):
+        if claims is not None:
+            on = (lab < 0) & claims.covers(b[:-1])
+            cat[on], ev[on] = code, claims.id_at(b[:-1][on])
+    busy = ~np.isin(cat, [CODE["device_idle"], CODE["input"]])
+    notes = [n for n in notes if "cuda_sync" not in n and "graph is empty" not in n]
+    notes.append(f"part {g.part}: no host calls linked to device work (no launches or "
+                 "correlation ids): its path is the device timeline, and device idle time "
+                 "cannot be attributed to the host")  # fmt: skip
+    idle = CODE["device_idle"]
+    start, end = np.r_[_FAR, b[:-1], b[-1]], np.r_[b[0], b[1:], -_FAR]
+    cat, ev, busy = np.r_[idle, cat, idle], np.r_[-1, ev, -1], np.r_[False, busy, False]
+    return PathTime(g.part, g.rank, start, end, cat, ev, busy, "device", 0, tuple(notes))
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """Per event id met on the graph: whether it is a sync call, a launch call, another
+    runtime call, and the work class code of device work (-1 for host events)."""
+
+    ids: np.ndarray  # sorted
+    sync: np.ndarray
+    launch: np.ndarray
+    runtime: np.ndarray
+    work: np.ndarray
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        if not len(self.ids):
+            return np.full(len(ids), -1, np.int64)
+        k = np.clip(np.searchsorted(self.ids, ids), 0, len(self.ids) - 1)
+        return np.where(self.ids[k] == ids, k, -1)
+
+    def get(self, field: str, rows: np.ndarray, default=False) -> np.ndarray:
+        """``field`` at each row (``default`` where the row is -1)."""
+        a = getattr(self, field)
+        if not len(a):
+            return np.full(len(rows), default, dtype=type(default) if default is not False
+                           else bool)  # fmt: skip
+        return np.where(rows >= 0, a[np.maximum(rows, 0)], default)
+
+
+def _call_info(trace: Trace, g: DependencyGraph) -> CallInfo:
+    """What each event of ``g`` is (sync, launch or other runtime call; work class of device
+    work), from the part's runtime and device events classified once per distinct name."""
+    df = _kinds(trace).get(g.part)
+    if df is None:
+        empty = np.empty(0, np.int64)
+        return CallInfo(empty, empty.astype(bool), empty.astype(bool), empty.astype(bool), empty)
+    return CallInfo(df.id, df.sync, df.launch, df.runtime, df.work)
+
+
+@dataclass(frozen=True)
+class _Kinds:
+    id: np.ndarray
+    sync: np.ndarray
+    launch: np.ndarray
+    runtime: np.ndarray
+    work: np.ndarray
+
+
+def _kinds(trace: Trace) -> dict[int, _Kinds]:
+    """Per part, every runtime call and device event, classified (cached on the trace): one
+    Arrow scan, names kept dictionary-encoded so each distinct name is matched once."""
+    key = ("analysis.path_time.kinds",)
+    if key in trace.memo:
+        return trace.memo[key]
+    t = trace.table(
+        "events",
+        columns=["id", "part", "level", "name"],
+        filters=[("level", "in", ["runtime", *DEVICE_LEVELS])],
+    ).to_pandas()
+    name = t["name"].astype("category")
+    cats = pd.Series(name.cat.categories.astype(str))
+    codes = name.cat.codes.to_numpy()
+    is_sync = cats.isin(SYNC_CALLS).to_numpy()
+    is_launch = cats.str.contains(LAUNCH_CALL).to_numpy() & ~is_sync
+    rt = (t["level"] == "runtime").to_numpy()
+    ok = codes >= 0
+    sync = rt & ok & is_sync[np.maximum(codes, 0)]
+    launch = rt & ok & is_launch[np.maximum(codes, 0)]
+    work = np.full(len(t), -1, np.int64)
+    dev = ~rt
+    if dev.any():
+        work[dev] = work_class(t["level"][dev], t["name"][dev]).map(CODE).to_numpy(np.int64)
+    out = {}
+    ids, part = t["id"].to_numpy(np.int64), t["part"].to_numpy(np.int64)
+    o = np.lexsort((ids, part))
+    bounds = np.searchsorted(part[o], np.unique(part), side="left").tolist() + [len(o)]
+    for i, p in enumerate(np.unique(part).tolist()):
+        r = o[bounds[i] : bounds[i + 1]]
+        out[int(p)] = _Kinds(ids[r], sync[r], launch[r], (rt & ~sync & ~launch)[r], work[r])
+    trace.memo[key] = out
+    return out
+
+
+def with_inferred_syncs(g: DependencyGraph, info: CallInfo) -> tuple[DependencyGraph, int]:
+    """``g`` plus an edge (kind ``context_sync``, weight 0, charged to the call) from the
+    device work that ended last inside each blocking call to the call's end, for the calls no
+    ``cuda_sync`` edge already joins; and how many were added (module docstring)."""
+    n, e = g.nodes, g.edges
+    ends = np.flatnonzero(n.kind == NodeKind.HOST_END)
+    r = info.rows(n.event[ends])
+    ends = ends[info.get("sync", r).astype(bool)]
+    synced = e.dst[np.isin(e.kind, [EdgeKind.STREAM_SYNC, EdgeKind.CONTEXT_SYNC,
+                                    EdgeKind.EVENT_SYNC])]  # fmt: skip
+    ends = ends[~np.isin(ends, synced)]
+    dev_end = np.flatnonzero(n.kind == NodeKind.DEVICE_END)
+    if not len(ends) or not len(dev_end):
+        return g, 0
+    dev_end = dev_end[np.argsort(n.order_time[dev_end], kind="stable")]
+    # the call's start: the host start node of the same event on the same timeline
+    starts = np.flatnonzero(n.kind == NodeKind.HOST_START)  # one per host event
+    o = np.argsort(n.event[starts], kind="stable")
+    k = np.clip(np.searchsorted(n.event[starts][o], n.event[ends]), 0, max(len(o) - 1, 0))
+    call_start = n.time[starts][o][k]
+    k = np.searchsorted(n.order_time[dev_end], n.time[ends], side="right") - 1
+    src = dev_end[np.maximum(k, 0)]
+    ok = (k >= 0) & (n.time[src] > call_start)
+    src, dst = src[ok], ends[ok]
+    if not len(src):
+        return g, 0
+    edges = Edges(
+        src=np.r_[e.src, src], dst=np.r_[e.dst, dst],
+        kind=np.r_[e.kind, np.full(len(src), EdgeKind.CONTEXT_SYNC, np.int8)].astype(np.int8),
+        weight=np.r_[e.weight, np.zeros(len(src), np.int64)],
+        duration=np.r_[e.duration, n.time[dst] - n.time[src]],
+        event=np.r_[e.event, n.event[dst]],
+    )  # fmt: skip
+    return replace(g, edges=edges), len(src)
+
+
+_FAR = -(2**62)  # the path's ends extend to here (and its negative) on each side
+_SYNC_EDGES = (EdgeKind.STREAM_SYNC, EdgeKind.CONTEXT_SYNC, EdgeKind.EVENT_SYNC)
+
+
+def _base_category(kind: np.ndarray, event: np.ndarray, info: CallInfo) -> np.ndarray:
+    """The category of each path edge from its kind and charged event (module docstring)."""
+    r = info.rows(event)
+    sync = info.get("sync", r).astype(bool)
+    launch = info.get("launch", r).astype(bool)
+    runtime = info.get("runtime", r).astype(bool)
+    work = info.get("work", r, -1).astype(np.int64)
+    out = np.full(len(kind), CODE["cpu"], np.int64)
+    host_work = kind == EdgeKind.HOST_WORK
+    out[host_work & sync] = CODE["sync"]
+    out[host_work & launch] = CODE["launch"]
+    out[host_work & runtime] = CODE["runtime"]
+    out[kind == EdgeKind.HOST_GAP] = CODE["outside_ops"]
+    out[kind == EdgeKind.HOST_WAIT] = CODE["sync"]
+    dev = kind == EdgeKind.DEVICE_WORK
+    out[dev] = np.where(work[dev] >= 0, work[dev], CODE["compute"])
+    out[kind == EdgeKind.DEVICE_COMMUNICATION] = CODE["communication"]
+    out[kind == EdgeKind.KERNEL_GAP] = CODE["device_gap"]
+    out[kind == EdgeKind.STREAM_WAIT_EVENT] = CODE["device_gap"]
+    out[kind == EdgeKind.LAUNCH] = np.where(sync[kind == EdgeKind.LAUNCH], CODE["sync"],
+                                            CODE["launch"])  # fmt: skip
+    out[np.isin(kind, _SYNC_EDGES)] = CODE["sync"]
+    return out
+
+
+def _refine(start, end, cat, event, latency, state: DeviceState, threads: HostState,
+            inputs: Claims | None, host_comm: Claims | None) -> tuple:  # fmt: skip
+    """Cut host, gap and collective pieces at the boundaries of the other threads' work,
+    input spans, host collectives and device states, and relabel them, in this order:
+
+    1. time outside ops while another thread of the process runs an op or a call is what
+       that thread runs (the backward pass on autograd's thread, a pin-memory thread);
+    2. untraced host time while a host collective (gloo) runs is ``communication``;
+    3. host time inside an input span is ``input`` (a blocking call excepted: it is the more
+       precise answer);
+    4. blocked time, time in other runtime calls (many synchronise implicitly: ``cudaFree``,
+       MTIA's execution calls), gaps between queued device work and the delay from a launch
+       to its work (``latency``: launch edges), while the device works, are that work: what
+       the host or the queued work waits for (a dependency on another stream the trace does
+       not record); collective time while waiting for the last participant is
+       ``comm_wait``.
+
+    Claimed pieces are charged to the claiming event."""
+    keep = end > start
+    start, end, cat, event = start[keep], end[keep], cat[keep], event[keep]
+    latency = latency[keep]
+    is_host = np.isin(cat, [CODE[c] for c in HOST]) & ~latency
+    refine = is_host | latency | np.isin(cat, [CODE["communication"], CODE["device_gap"]])
+    claims = [c for c in (inputs, host_comm) if c is not None]
+    c = _unique(np.concatenate([state.bounds, *state.waits, threads.bounds,
+                                  *(x for cl in claims for x in (cl.lo, cl.hi))]))  # fmt: skip
+    lo = np.searchsorted(c, start, side="right")
+    hi = np.searchsorted(c, end, side="left")
+    n_cuts = np.where(refine, np.maximum(hi - lo, 0), 0)
+    piece_of = np.repeat(np.arange(len(start)), n_cuts + 1)
+    j = np.arange(len(piece_of)) - np.r_[0, np.cumsum(n_cuts + 1)[:-1]][piece_of]
+    inner = c[np.clip(lo[piece_of] + j - 1, 0, max(len(c) - 1, 0))] if len(c) else start[piece_of]
+    p_start = np.where(j == 0, start[piece_of], inner)
+    p_end = np.where(j == n_cuts[piece_of], end[piece_of], np.r_[p_start[1:], 0])
+    p_cat, p_event = cat[piece_of].copy(), event[piece_of].copy()
+    host = is_host[piece_of]
+    gap = host & (p_cat == CODE["outside_ops"])
+    lab, ev = threads.at(p_start)
+    on = gap & (lab >= 0)
+    p_cat[on], p_event[on] = lab[on], ev[on]
+    if host_comm is not None:
+        on = host & (p_cat == CODE["outside_ops"]) & host_comm.covers(p_start)
+        p_cat[on], p_event[on] = CODE["communication"], host_comm.id_at(p_start[on])
+    if inputs is not None:
+        on = host & np.isin(p_cat, [CODE[x] for x in HOST - {"sync"}]) & inputs.covers(p_start)
+        p_cat[on], p_event[on] = CODE["input"], inputs.id_at(p_start[on])
+    dev = state.at(p_start)
+    waiting = (np.isin(p_cat, [CODE["sync"], CODE["runtime"], CODE["device_gap"]])
+               | latency[piece_of]) & (dev >= 0)  # fmt: skip
+    p_cat[waiting] = dev[waiting]
+    p_event[waiting] = state.events_at(p_start[waiting], dev[waiting])
+    comm = cat[piece_of] == CODE["communication"]
+    p_cat[comm & state.waiting(p_start)] = CODE["comm_wait"]
+    ok = p_end > p_start
+    return p_start[ok], p_end[ok], p_cat[ok], p_event[ok]
