@@ -6,6 +6,7 @@ Checked against facts computed here, not by the code under test: the model's own
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -324,3 +325,45 @@ def test_capture_cut_into_profiler_segments_holds_every_step_whole(tmp_path) -> 
             "group by all having count(*) > 1"
         )
         assert dup.empty
+
+
+_QUIET = """
+import os, sys, warnings
+import xpuprof
+from xpuprof.workloads.demo import Trainer
+
+trainer = Trainer(layers=1, d=32, seq=16)
+trainer.step()
+for k in range(2):  # twice: Kineto's lines come at every start and stop
+    with xpuprof.profile(sys.argv[1] + str(k), level="op", model=trainer.model,
+                         backward_layers=True):
+        for i in range(2):
+            xpuprof.step(i)
+            trainer.step()
+        warnings.warn("the user's own warning")
+print("KINETO_LOG_LEVEL" in os.environ)
+print("-- after the captures --", file=sys.stderr, flush=True)
+trainer.model.register_full_backward_hook(lambda *a: None)  # the user's own hook: it warns
+trainer.step()
+"""
+
+
+def test_capture_is_quiet_and_leaves_the_users_warnings_alone(tmp_path) -> None:
+    """``xpuprof.profile`` prints nothing of its own on stderr: no Kineto lines (``USDT:…
+    profiler_start``), no warning about the backward hooks it installs (the model's first
+    layer has no input that needs a gradient); the user's own warnings still show, during
+    the capture and after it, and the environment is left as it was."""
+    proc = subprocess.run([sys.executable, "-W", "default", "-c", _QUIET, str(tmp_path / "q")],
+                          capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items()
+                               if k != "KINETO_LOG_LEVEL"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+    during, after = proc.stderr.split("-- after the captures --\n")
+    assert "USDT" not in during and "profiler_st" not in during
+    # during the captures: the user's warning, and nothing else
+    assert "the user's own warning" in during
+    assert all("the user's own warning" in line for line in during.splitlines()), during
+    # torch's hook warning: silent while xpuprof's hooks are installed, back for the user's
+    assert "Full backward hook is firing" not in during
+    assert after.count("Full backward hook is firing") == 1

@@ -110,10 +110,12 @@ def test_steps_and_ranks_parse_the_same_everywhere(tmp_path) -> None:
     hta = json.loads(invoke("breakdown", path, "--hta-compatible", "--json").stdout)
     assert hta["facts"]["steps"] == "drop-last"
     for tool in ("breakdown", "idle", "overview", "critical-path"):
-        none = json.loads(invoke(tool, path, "--rank", "0,1", "--json").stdout)
-        assert not any(len(t) for t in none["tables"].values()), tool
+        none = invoke(tool, path, "--rank", "0,1", "--json")  # selects nothing: one line, exit 2
+        assert none.exit_code == 2 and none.stdout == "", tool
+        assert none.stderr == "error: no events on ranks 0, 1; ranks in this store: 3\n", tool
         some = json.loads(invoke(tool, path, "--rank", "2-3", "--json").stdout)
         assert any(len(t) for t in some["tables"].values()), tool
+        assert some["notes"][0] == "no events on rank 2; ranks in this store: 3", tool
 
 
 def test_errors_exit_2_with_one_line(tmp_path, store) -> None:
@@ -287,3 +289,67 @@ def test_sql_says_it_has_the_users_full_access() -> None:
     shown = " ".join(invoke("sql", "--help").stdout.split())
     assert "full access to this machine" in shown and "read and write any file" in shown
     assert "a restricted Trace instead, whose DuckDB reads nothing but the store's own" in shown
+
+
+# ------------------------------------------------------------------ one selection, checked
+
+#: Every command that takes --rank and --steps.
+SELECTING = [t.name for t in tools.TOOLS if t.common]
+
+
+@pytest.mark.parametrize("name", SELECTING)
+def test_a_selection_of_nothing_that_exists_is_one_line_exit_2(name, store, raw) -> None:
+    """The example holds rank 0 only (no distributedInfo: a single-rank trace) and
+    ProfilerStep#2-4, read from the raw JSON: --rank 5 and --steps 9 select nothing and say
+    what exists; --steps 4,9 selects step 4 and names step 9 as missing."""
+    steps = sorted(int(e["name"].split("#")[1]) for e in raw
+                   if e.get("name", "").startswith("ProfilerStep#"))  # fmt: skip
+    assert steps == [2, 3, 4]
+    tool = tools.get(name)
+    inputs = [store] * tool.inputs
+    label = "baseline: " if tool.inputs == 2 else ""
+    for args, said in (
+        (["--rank", "5"], "no events on rank 5; ranks in this store: 0"),
+        (["--steps", "9"], "no events in step 9; steps in this store: 2-4"),
+    ):
+        res = invoke(name, *inputs, *args)
+        assert res.exit_code == 2 and res.stdout == "", (name, args, res.stdout)
+        assert res.stderr == f"error: {label}{said}\n", (name, args)
+    part = invoke(name, *inputs, "--steps", "4,9", "--json")
+    assert part.exit_code == 0, part.stderr
+    assert (
+        f"{label}no events in step 9; steps in this store: 2-4" in json.loads(part.stdout)["notes"]
+    )
+
+
+def test_wide_is_a_global_flag_anywhere_on_the_line(store) -> None:
+    """--wide before or after the command: every column, whatever the terminal's width."""
+    narrow = cli("stats", store, "--ops", env={"COLUMNS": "80"}).stdout
+    wide = [
+        cli(*args, env={"COLUMNS": "80"}).stdout
+        for args in (["--wide", "stats", store, "--ops"], ["stats", store, "--ops", "--wide"])
+    ]
+    assert wide[0] == wide[1]
+    assert max(map(len, narrow.splitlines())) <= 80 < max(map(len, wide[0].splitlines()))
+    assert "too wide for this terminal" in narrow and "too wide" not in wide[0]
+
+
+def test_the_demo_writes_to_the_cache_folder_and_says_where(tmp_path) -> None:
+    """No --out: the store goes to $XDG_CACHE_HOME/xpuprof/demo.store, replaced by the next
+    demo run; a store the demo did not write is never replaced."""
+    pytest.importorskip("torch", reason="torch is an optional extra")
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "COLUMNS": "80"}
+    where = tmp_path / "cache" / "xpuprof" / "demo.store"
+    for _ in range(2):  # the second run replaces the first one's store
+        proc = cli("demo", "--steps", "1", "--level", "step", env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert f"The store is {where}" in " ".join(proc.stdout.split())
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]  # nothing in the cwd
+    import xpuprof
+
+    with xpuprof.load(where) as trace:
+        assert trace.manifest["levels"]["step"] == 1
+    other = TraceBuilder(rank=0).store(tmp_path / "mine")
+    proc = cli("demo", "--out", other, "--steps", "1", env=env)
+    assert proc.returncode == 2 and "not a store xpuprof demo wrote" in proc.stderr
+    assert (other / "manifest.json").is_file()

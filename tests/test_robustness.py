@@ -71,7 +71,7 @@ def _one_event() -> TraceBuilder:
 
 
 def _no_rank() -> TraceBuilder:
-    """No distributedInfo: every event's rank is null."""
+    """No distributedInfo: a single-rank trace, rank 0."""
     tb = TraceBuilder(rank=None)
     tb.step(0, 0, 100)
     tb.op("aten::mm", 5, 50)
@@ -96,8 +96,7 @@ ODD = {
     "device_only": (_device_only, NO_RANK_5, NO_STEP_SPANS),
     "no_steps": (_no_steps, NO_RANK_5, NO_STEP_SPANS),
     "one_event": (_one_event, NO_RANK_5, NO_STEP_SPANS),
-    "no_rank": (_no_rank, "no events on rank 5: the events of this store carry no rank number",
-                NO_STEPS_1_3),
+    "no_rank": (_no_rank, NO_RANK_5, NO_STEPS_1_3),  # a single-rank trace is rank 0
     "outside_steps": (_outside_steps, NO_RANK_5, NO_STEPS_1_3),
 }  # fmt: skip
 
@@ -143,7 +142,8 @@ def _selected_nothing(res: Result) -> bool:
 @pytest.mark.parametrize("name", list(ODD))
 def test_every_tool_on_an_odd_store(name, stores) -> None:
     """No exception, something said, no empty table, 80 columns; a selection that matches
-    nothing gives empty tables and exactly the note that says what is missing."""
+    nothing is an error (``SelectionError``: the CLI's one line and exit 2) whose message is
+    exactly what is missing and what the store holds."""
     _, no_rank_5, no_steps = ODD[name]
     with xpuprof.load(stores[name]) as trace:
         for tool in TRACE_TOOLS:
@@ -158,10 +158,10 @@ def test_every_tool_on_an_odd_store(name, stores) -> None:
                 assert _selected_nothing(default), tool.name
             for sel, note in (({"ranks": [5]}, no_rank_5), ({"steps": [1, 2, 3]}, no_steps),
                               ({"ranks": "5", "steps": "1-3"}, no_rank_5)):  # fmt: skip
-                res = tools.run(tool.name, *traces, **sel)
-                _check_shown(res, f"{name}/{tool.name}/{sel}")
-                assert _selected_nothing(res), (tool.name, sel)
-                assert _labelled(res.notes, tool) == [note or NO_EVENTS], (tool.name, sel)
+                with pytest.raises(tools.SelectionError) as err:
+                    tools.run(tool.name, *traces, **sel)
+                label = "baseline: " if tool.inputs == 2 else ""
+                assert str(err.value) == label + (note or NO_EVENTS), (tool.name, sel)
 
 
 def _labelled(notes: list[str], tool: tools.Tool) -> list[str]:

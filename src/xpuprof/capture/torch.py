@@ -15,10 +15,14 @@ to install when asked to profile PyTorch without it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import threading
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +40,13 @@ def require_torch() -> Any:
             "(on this project's machines: pip install torch==2.13.0)"
         ) from None
     return torch
+
+
+#: The start of torch's warning when a full backward hook fires on a module's outputs
+#: (``torch/utils/hooks.py``, ``BackwardHook``): see :meth:`LayerSpans._quiet_hook_warning`.
+HOOK_WARNING = (
+    "Full backward hook is firing when gradients are computed with respect to module outputs"
+)
 
 
 class LayerSpans:
@@ -60,6 +71,7 @@ class LayerSpans:
         self._converter: Any = None
         self._pinned = False
         self._offset = 0
+        self._filter: Any = None
 
     # -- recording ---------------------------------------------------------------------------
 
@@ -141,12 +153,25 @@ class LayerSpans:
                 h.remove()
             return f"off ({type(e).__name__}: {e})"
         self._handles.extend(handles)
+        self._quiet_hook_warning()
         return "on"
+
+    def _quiet_hook_warning(self) -> None:
+        """torch warns, each time a full backward hook fires on a module none of whose inputs
+        needs a gradient (the first layers: token ids, images), that it fires on the module's
+        outputs instead: true, and exactly what a span needs, but said about hooks xpuprof
+        put there. That one warning is ignored while the hooks are installed; every other
+        warning of the user's program is left as it was."""
+        warnings.filterwarnings("ignore", message=re.escape(HOOK_WARNING), category=UserWarning)
+        self._filter = warnings.filters[0]
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        f, self._filter = self._filter, None
+        if f is not None and f in warnings.filters:
+            warnings.filters.remove(f)
 
     # -- output ------------------------------------------------------------------------------
 
@@ -327,7 +352,8 @@ class TorchProfiler:
             profile_memory=self.profile_memory,
             with_stack=self.with_stack,
         )
-        p.__enter__()
+        with quiet_kineto():
+            p.__enter__()
         self._prof = p
         self._steps = 0
         _add_distributed_info()
@@ -354,6 +380,27 @@ class TorchProfiler:
         span, self._span = self._span, None
         if span is not None:
             span.__exit__(None, None, None)
+
+
+#: Kineto's log level that keeps its lines (``USDT:… profiler_start``) off stderr: above its
+#: highest (VERBOSE 0 … ERROR 3, STAGE 4).
+KINETO_QUIET = "6"
+
+
+@contextlib.contextmanager
+def quiet_kineto() -> Iterator[None]:
+    """Kineto (torch's profiler) writes a line to stderr at each start and stop of a capture
+    unless ``KINETO_LOG_LEVEL`` says otherwise when it initialises (its first start in the
+    process). Set it for that moment unless the user has set it, and put the environment back
+    as it was: the level stays with Kineto, and the user's environment is left as it was."""
+    mine = "KINETO_LOG_LEVEL" not in os.environ
+    if mine:
+        os.environ["KINETO_LOG_LEVEL"] = KINETO_QUIET
+    try:
+        yield
+    finally:
+        if mine:
+            os.environ.pop("KINETO_LOG_LEVEL", None)
 
 
 def _add_distributed_info() -> None:

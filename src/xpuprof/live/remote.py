@@ -534,11 +534,9 @@ def serve(
     anything on the job's time (pyarrow and xpuprof's recorders: about 0.3 s and 40 MB).
 
     Kineto (torch's profiler) writes two lines to stderr each time it starts or stops, and a
-    remote capture restarts it every few steps: unless ``KINETO_LOG_LEVEL`` is set already, it
-    is set here to keep them out of the job's log (it takes effect if torch's profiler has not
-    run yet in this process).
+    remote capture restarts it every few steps: the recorder keeps them out of the job's log
+    (:func:`xpuprof.capture.torch.quiet_kineto`), leaving the job's environment as it was.
     """
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     _import_what_captures_need()
     return CaptureServer(
         port, token or secrets.token_urlsafe(24), host, level, model, max_duration, finish_nice

@@ -53,6 +53,8 @@ _LIMIT = typer.Option(20, "--limit", help="Rows to print per table (all rows wit
 
 #: What ``--debug`` (or ``XPUPROF_DEBUG=1``) turned on: tracebacks for every error.
 _DEBUG = {"on": False}
+#: What ``--wide`` turned on: every column and full names, however wide the terminal.
+_WIDE = {"on": False}
 
 #: Exit codes: a user's error (bad input, a damaged file), a bug, Ctrl-C (128 + SIGINT).
 EXIT_ERROR, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
@@ -91,9 +93,16 @@ def _options(
     debug: bool = typer.Option(
         False, "--debug", help="Show the traceback of any error (or set XPUPROF_DEBUG=1)."
     ),
+    wide: bool = typer.Option(
+        False,
+        "--wide",
+        help="Show every column and full kernel names, however wide the "
+        "lines get (default: what fits the terminal, names shortened).",
+    ),
 ) -> None:
     """xpuprof: performance analysis for ML programs on accelerators."""
     _DEBUG["on"] = debug or _debug_env()
+    _WIDE["on"] = _WIDE["on"] or wide
 
 
 def _debug_env() -> bool:
@@ -179,7 +188,7 @@ def sql(
     elif df.empty:
         out.print(f"(no rows; columns: {escape(', '.join(map(str, df.columns)))})")
     else:
-        render.result(Result(tables={"": df}), out, limit)
+        render.result(Result(tables={"": df}), out, limit, wide=_WIDE["on"])
 
 
 @app.command()
@@ -255,10 +264,28 @@ def capture(
     show("info", [store], {}, as_json)
 
 
+#: The file that marks a store as the demo's own, which a later demo run may replace.
+DEMO_MARK = ".xpuprof-demo"
+
+
+def demo_store() -> Path:
+    """Where the demo writes its store by default: ``demo.store`` in xpuprof's folder of the
+    user cache directory (``$XDG_CACHE_HOME/xpuprof``, else ``~/.cache/xpuprof``), so that a
+    demo run leaves nothing in the folder it was started from."""
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(cache) if cache else Path.home() / ".cache") / "xpuprof" / "demo.store"
+
+
 @_documented()
 def demo(
     store: Path = typer.Option(
-        Path("xpuprof-demo.store"), "-o", "--output", help="Store directory to write."
+        None,
+        "--out",
+        "-o",
+        "--output",
+        help="Store directory to write (default: demo.store in the user cache directory, "
+        "$XDG_CACHE_HOME/xpuprof or ~/.cache/xpuprof); a store the demo wrote before is "
+        "replaced, anything else is left alone.",
     ),
     steps: int = typer.Option(5, "--steps", help="Training steps to record."),
     level: str = typer.Option("op", "--level", help="Capture level: step, layer, op, full."),
@@ -266,15 +293,24 @@ def demo(
 ) -> None:
     """Profile a small built-in transformer training on the CPU, and print its summary.
 
-    Trains under xpuprof.profile, writes the store and prints what xpuprof summary prints:
-    what the store holds, the overview, top ops, slowest layers and recommendations. Without
-    torch, imports the real trace shipped with xpuprof instead."""
+    Trains under xpuprof.profile, writes the store (--out) and prints what xpuprof summary
+    prints: what the store holds, the overview, top ops, slowest layers and recommendations;
+    then where the store is. Without torch, imports the real trace shipped with xpuprof
+    instead."""
+    store = store or demo_store()
     try:
         _record_demo(store, steps, level, as_json)
     except XpuprofError as e:
         _fail(e)
     more = f"xpuprof summary {store} --limit N for more"
     show("info" if as_json else "summary", [store], {}, as_json, limit=8, more=more)
+    if not as_json:
+        out.print(
+            f"The store is {escape(str(store))}: run any xpuprof command on it, e.g. "
+            f"xpuprof overview {escape(str(store))}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _record_demo(store: Path, steps: int, level: str, quiet: bool) -> None:
@@ -284,9 +320,15 @@ def _record_demo(store: Path, steps: int, level: str, quiet: bool) -> None:
     from xpuprof.trace.store import is_store
 
     if store.exists():
-        if not is_store(store):
-            raise XpuprofError(f"{store}: exists and is not an xpuprof store; not replacing it")
+        if not is_store(store) or not (store / DEMO_MARK).is_file():
+            raise XpuprofError(f"{store}: exists and is not a store xpuprof demo wrote; not "
+                               "replacing it (choose another --out)")  # fmt: skip
         shutil.rmtree(store)  # the demo's own store from an earlier run
+    store.parent.mkdir(parents=True, exist_ok=True)
+    # torch's C++ warnings (at level full: "Memory block of unknown size was allocated before
+    # the profiling started") go to stderr unless this is set before torch is imported; in
+    # the demo's own process they are about xpuprof's recording, not the user's code
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -298,6 +340,7 @@ def _record_demo(store: Path, steps: int, level: str, quiet: bool) -> None:
         )
         example = files("xpuprof") / "data" / "example_cpu_train.pt.trace.json.gz"
         import_traces([Path(str(example))], store)
+        (store / DEMO_MARK).write_text("written by xpuprof demo\n")
         return
     from xpuprof.live.profile import profile, step
     from xpuprof.workloads.demo import Trainer
@@ -305,11 +348,17 @@ def _record_demo(store: Path, steps: int, level: str, quiet: bool) -> None:
     trainer = Trainer()
     trainer.step()  # the first step allocates and warms up: not what a user measures
     if not quiet:
-        err.print(f"training the demo transformer for {steps} steps at level {level!r}…")
+        err.print(
+            f"training the demo transformer for {steps} steps at level {level!r} into "
+            f"{escape(str(store))}…",
+            highlight=False,
+            soft_wrap=True,
+        )
     with profile(store, level=level, model=trainer.model):
         for i in range(steps):
             step(i)
             trainer.step()
+    (store / DEMO_MARK).write_text("written by xpuprof demo\n")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,7 +393,7 @@ def show(
     if as_json:
         render.print_json(answer)
     else:
-        render.result(answer, out, limit, more)
+        render.result(answer, out, limit, more, wide=_WIDE["on"])
     if tools.problems(answer):
         raise typer.Exit(EXIT_ERROR)
 
@@ -395,13 +444,18 @@ for _tool in tools.TOOLS:
     app.command(_tool.name, help=_tool.help)(_command(_tool))
 
 
-def _debug_flag(args: list[str]) -> tuple[list[str], bool]:
-    """``--debug`` anywhere on the line (before a ``--``) moved to the front, where the
-    global option is parsed, so that ``xpuprof overview s --debug`` works too."""
+#: Options of every command, accepted anywhere on the line.
+GLOBAL_FLAGS = ("--debug", "--wide")
+
+
+def _global_flags(args: list[str]) -> tuple[list[str], set[str]]:
+    """``--debug`` and ``--wide`` anywhere on the line (before a ``--``) moved to the front,
+    where global options are parsed, so that ``xpuprof overview s --wide`` works too; the
+    flags found."""
     end = args.index("--") if "--" in args else len(args)
-    found = "--debug" in args[:end]
-    rest = [a for i, a in enumerate(args) if i >= end or a != "--debug"]
-    return (["--debug", *rest] if found else rest), found
+    found = {f for f in GLOBAL_FLAGS if f in args[:end]}
+    rest = [a for i, a in enumerate(args) if i >= end or a not in GLOBAL_FLAGS]
+    return [f for f in GLOBAL_FLAGS if f in found] + rest, found
 
 
 def _quiet_stdout() -> None:
@@ -434,8 +488,9 @@ def main(argv: list[str] | None = None) -> None:
     # slower on the import benchmark. Set before pyarrow is first imported; a user's own
     # choice of pool wins.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
-    args, flag = _debug_flag(list(sys.argv[1:] if argv is None else argv))
-    _DEBUG["on"] = flag or _debug_env()
+    args, flags = _global_flags(list(sys.argv[1:] if argv is None else argv))
+    _DEBUG["on"] = "--debug" in flags or _debug_env()
+    _WIDE["on"] = "--wide" in flags
     code = 0
     try:
         try:

@@ -4,8 +4,10 @@ reports call :func:`run` the same way, so none of them composes tools or reshape
 
 A tool is ``function(*traces, ranks=None, steps=None, **options) -> Result``. Composite tools
 (``overview`` = the overview plus the advisor's recommendations; ``summary`` = what the demo
-prints; ``info`` = what a store holds) are written here, once. Functions are named as
-``"module:function"`` and imported on first use, so that listing tools stays instant.
+prints) are written here, once; ``info`` (what a store holds) in :mod:`xpuprof.ui.stores`,
+the one-sentence answers of the tools that state none themselves in :mod:`xpuprof.ui.headlines`.
+Functions are named as ``"module:function"`` and imported on first use, so that listing tools
+stays instant.
 """
 
 from __future__ import annotations
@@ -13,12 +15,19 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xpuprof.core.errors import XpuprofError
-from xpuprof.core.names import LEVELS, TABLES
 from xpuprof.core.result import Presentation, Result
+from xpuprof.ui.stores import (  # noqa: F401  (tools and front ends name them from here)
+    INFO_PRESENT,
+    check_first,
+    check_store,
+    import_result,
+    info,
+    info_document,
+    store_info,
+)
 
 if TYPE_CHECKING:
     from xpuprof.analysis.common import StepSelection
@@ -58,7 +67,8 @@ class Tool:
     baseline and a new trace). ``present``: how to show its tables, by table name (a table
     the tool gives a presentation itself keeps it). ``document``: a function giving the
     tool's ``--json`` document when that is not ``Result.to_dict()`` (``info``'s predates
-    Result)."""
+    Result). ``headline``: a function ``(Result, *traces) -> str | None`` stating the tool's
+    answer in one sentence from its own tables, when the tool does not state one itself."""
 
     name: str
     target: str
@@ -68,6 +78,7 @@ class Tool:
     present: Mapping[str, Presentation] = field(default_factory=dict)
     inputs: int = 1
     document: str | None = None
+    headline: str | None = None
 
     def function(self) -> Callable[..., Any]:
         return _resolve(self.target)
@@ -157,31 +168,77 @@ def _call(tool: Tool, traces: tuple[Trace, ...], options: dict[str, Any]) -> dic
 
 def run(name: str, *traces: Trace, **options: Any) -> Result:
     """Run the tool ``name`` on ``traces`` with ``options`` (its keywords; see :data:`TOOLS`)
-    and return its Result, each table with its presentation. A rank or step selection that
-    asks for what a store does not hold is named in the notes first; one that selects no
-    event at all replaces the tool's notes (which would only guess at why it found nothing)."""
+    and return its Result, each table with its presentation, its headline first. A rank or
+    step selection that selects nothing the store holds is an error naming what the store
+    holds (:class:`SelectionError`); one that asks for some of what it holds runs, and the
+    notes name what is not there. A table with timestamps adds the fact ``trace_start_ns``
+    (the first event's time, from which the terminal shows them)."""
     tool = get(name)
     kw = _call(tool, traces, options)
+    found, anything = check_selection(traces, kw) if tool.common and traces else ([], True)
     res = tool.function()(*traces, **kw)
-    if tool.common and traces:
-        _note_selection(res, traces, kw)
+    # an empty store: the tool's own notes would only guess at why it found nothing
+    res.notes[:] = found + [n for n in res.notes if n not in found] if anything else found
     for table, hint in tool.present.items():
         if table in res.tables:
             res.present.setdefault(table, hint)
+    if len(traces) == 1 and _has_timestamps(res):
+        res.facts.setdefault("trace_start_ns", trace_start(traces[0]))
+    if tool.headline and "headline" not in res.facts:
+        line = _resolve(tool.headline)(res, *traces)
+        if line:
+            res.facts["headline"] = line
+    if "headline" in res.facts:  # the answer first, in --json too
+        res.facts = {"headline": res.facts["headline"], **res.facts}
     return res
 
 
-def _note_selection(res: Result, traces: tuple[Trace, ...], kw: dict[str, Any]) -> None:
-    from xpuprof.analysis.common import selection_notes
+class SelectionError(XpuprofError):
+    """A rank or step selection that selects nothing the store holds."""
 
+
+def check_selection(traces: Iterable[Trace], kw: Mapping[str, Any]) -> tuple[list[str], bool]:
+    """What a rank or step selection asks for that the traces do not hold, as notes (the
+    baseline's and the new trace's, labelled so, for two), and whether any trace has events
+    to analyse; :class:`SelectionError` with those notes when a selection the user made
+    (ranks, step numbers) selects no event of some trace at all."""
+    from xpuprof.analysis.common import selection_notes, step_mode
+
+    traces = tuple(traces)
+    ranks, steps = kw.get("ranks"), kw.get("steps")
+    chosen = ranks is not None or step_mode(steps)[0] == "list"
     found: list[str] = []
     anything = False
-    for label, trace in zip(("baseline: ", "new: ") if len(traces) == 2 else ("",), traces,
-                            strict=True):  # fmt: skip
-        notes, some = selection_notes(trace, ranks=kw.get("ranks"), steps=kw.get("steps"))
+    labels = ("baseline: ", "new: ") if len(traces) == 2 else ("",)
+    for label, trace in zip(labels, traces, strict=True):
+        notes, some = selection_notes(trace, ranks=ranks, steps=steps)
+        if chosen and not some:
+            raise SelectionError(label + "; ".join(notes))
         found += [label + n for n in notes]
         anything |= some
-    res.notes[:] = found + [n for n in res.notes if n not in found] if anything else found
+    return found, anything
+
+
+def trace_start(trace: Trace) -> int | None:
+    """The time of the trace's first event (ns; None for a store without events)."""
+    key = ("trace start",)
+    if key not in trace.memo:
+        import pandas as pd
+
+        start = trace.sql("select min(ts) as t from events")["t"].iloc[0]
+        trace.memo[key] = None if pd.isna(start) else int(start)
+    return trace.memo[key]
+
+
+def _has_timestamps(res: Result) -> bool:
+    from xpuprof.ui.render import is_timestamp
+
+    for name, table in res.tables.items():
+        units = dict(res.present[name].units) if name in res.present else {}
+        cols = table.columns if hasattr(table, "columns") else {k for r in table for k in r}
+        if any(is_timestamp(str(c), units.get(str(c))) for c in cols):
+            return True
+    return False
 
 
 def problems(answer: Result | dict[str, Any]) -> int:
@@ -202,166 +259,6 @@ def document(name: str, *traces: Trace, **options: Any) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------- composite tools
-
-
-def store_info(trace: Trace) -> dict[str, Any]:
-    """What a store holds, from its manifest alone (instant on any size): the store, its
-    format version, when it was written, events read, rows per table and per level, and per
-    source its path, part, rank (and where the rank came from), host, format, size, what was
-    read, rows, levels, device names and world size."""
-    m = trace.manifest
-    sources = []
-    for s, meta in zip(m["sources"], trace.meta["sources"], strict=True):
-        raw = meta["meta"]
-        props = raw.get("deviceProperties") or []
-        dist = raw.get("distributedInfo")
-        sources.append(
-            {
-                **{k: v for k, v in meta.items() if k != "meta"},  # path, part, rank, host…
-                "size": s["size"],
-                "events_read": s["read"]["total"],
-                "read": s["read"],
-                "rows": s["rows"],
-                "levels": s["levels"],
-                "devices": [d.get("name") for d in props if isinstance(d, dict)],
-                "world_size": dist.get("world_size") if isinstance(dist, dict) else None,
-            }
-        )
-    return {
-        "store": str(trace.path),
-        "version": m["version"],
-        "written": m.get("written"),
-        "events_read": m["events_read"],
-        "rows": m["rows"],
-        "levels": m["levels"],
-        "sources": sources,
-    }
-
-
-def check_store(path: str | Path) -> list[str]:
-    """``info --check``: what is wrong with the store at ``path`` (its manifest, and each of its
-    files checked against it: missing, truncated, another table's); empty when all is well."""
-    try:
-        from xpuprof.trace.store import verify  # type: ignore[attr-defined]
-    except ImportError:
-        raise XpuprofError(
-            "info --check: this version of xpuprof cannot verify stores "
-            "(xpuprof.trace.store.verify is missing)"
-        ) from None
-    return [str(p) for p in verify(Path(path))]
-
-
-def _problems(path: str | Path, found: list[str]) -> Result:
-    n = len(found)
-    title = f"check: {n} problem{'s' if n != 1 else ''} in {path}"
-    shown = Presentation(layout="paragraphs", title=title, all_rows=True, lines=("{problem}",))
-    return Result(
-        tables={"problems": [{"problem": p} for p in found]},
-        facts={"store": str(path), "problems": n},
-        present={"problems": shown},
-    )
-
-
-def check_first(name: str, paths: Iterable[str | Path], options: Mapping[str, Any],
-                as_json: bool = False) -> Result | dict[str, Any] | None:  # fmt: skip
-    """What a front end shows instead of running tool ``name`` when the checks it was asked
-    for fail before its stores can be opened (``info --check`` on a store with a bad manifest
-    or a missing file, which opening refuses): the problems (a Result, or the ``--json``
-    document), else None and the tool runs."""
-    if name != "info" or not options.get("check"):
-        return None
-    from xpuprof.trace.store import is_store
-
-    for path in paths:
-        found = check_store(path) if is_store(path) else []
-        if found:
-            return {"store": str(path), "check": {"problems": found}} if as_json else (
-                _problems(path, found))  # fmt: skip
-    return None
-
-
-def info(trace: Trace, *, check: bool = False) -> Result:
-    """:func:`store_info` as tables (no pandas: ``info`` must answer in a blink): ``sources``,
-    ``tables`` (rows per table) and ``levels`` (events per level). Facts: ``store``,
-    ``version``, ``events_read``. ``check``: also verify every file against the manifest
-    (:func:`check_store`): the table ``problems`` and the fact ``problems`` (their number),
-    or a note that all is well."""
-    doc = store_info(trace)
-    sources = [
-        {
-            "part": s["part"],
-            "rank": s["rank"],
-            "source": Path(s["path"]).name,
-            "size_bytes": s["size"],
-            "read": s["events_read"],
-            "events": s["rows"]["events"],
-            "devices": ", ".join(sorted({d for d in s["devices"] if d})) or None,
-        }
-        for s in doc["sources"]
-    ]
-    levels = [{"level": lv, "events": doc["levels"][lv]} for lv in LEVELS
-              if doc["levels"].get(lv)]  # fmt: skip
-    res = Result(
-        tables={"sources": sources,
-                "tables": [{"table": t, "rows": doc["rows"].get(t, 0)} for t in TABLES],
-                "levels": levels},
-        facts={"store": doc["store"], "version": doc["version"],
-               "events_read": doc["events_read"]},
-        present={"sources": Presentation(title=doc["store"], all_rows=True)},
-    )  # fmt: skip
-    if check:
-        found = check_store(trace.path)
-        res.facts["problems"] = len(found)
-        if found:
-            bad = _problems(trace.path, found)
-            res.tables |= bad.tables
-            res.present |= bad.present
-        else:
-            files = sum(len(trace.files(t)) for t in TABLES)
-            res.notes.append(f"check: ok, {files} files verified against the manifest")
-    return res
-
-
-def info_document(trace: Trace, *, check: bool = False) -> dict[str, Any]:
-    """``info --json``: the :func:`store_info` document (it predates Result, and scripts read
-    it); with ``check``, ``check: {"problems": [...]}`` too."""
-    doc = store_info(trace)
-    if check:
-        doc["check"] = {"problems": check_store(trace.path)}
-    return doc
-
-
-def import_result(report: Any) -> Result:
-    """What an import (an :class:`~xpuprof.trace.ingest.ImportReport`) read and wrote, per
-    source, and events per level; what it dropped, in the notes. Facts: ``events_read``,
-    ``seconds``, ``workers``, ``up_to_date`` (nothing needed importing)."""
-    doc = report.to_dict()
-    facts = {"events_read": report.events_read, "seconds": report.seconds,
-             "workers": report.workers, "up_to_date": bool(report.noop)}  # fmt: skip
-    if report.noop:
-        return Result(notes=[f"{report.store}: up to date ({len(report.sources)} source(s) "
-                             f"unchanged, {report.rows.get('events', 0):,} events)"],
-                      facts=facts)  # fmt: skip
-    rows, notes = [], []
-    for s in doc["sources"]:
-        rows.append({"source": Path(s["path"]).name + (" (unchanged)" if s["path"] in
-                                                         report.reused else ""),
-                     "rank": s["rank"], "read": s["events_read"],
-                     **{t: n for t, n in s["rows"].items() if t != "links"},
-                     "dropped": sum(d["events"] for d in s["dropped"])})  # fmt: skip
-        for d in s["dropped"]:
-            where = f" at byte {d['offset']}" if d.get("offset") is not None else ""
-            lost = f"dropped {d['events']} from " if d["events"] else ""  # a truncation note
-            notes.append(f"{lost}{s['path']}: {d['reason']}{where}")
-        notes.extend(f"{s['path']}: {n}" for n in s.get("notes", []))
-    title = (f"imported into {report.store}: {report.events_read:,} events read from "
-             f"{len(report.sources)} file(s) in {report.seconds:.2f} s "
-             f"({report.workers} worker(s))")  # fmt: skip
-    levels = [{"level": lv, "events": report.levels[lv]} for lv in LEVELS
-              if report.levels.get(lv)]  # fmt: skip
-    return Result(tables={"sources": rows, "levels": levels}, notes=notes, facts=facts,
-                  present={"sources": Presentation(title=title, all_rows=True),
-                           "levels": _INFO["levels"]})  # fmt: skip
 
 
 def overview(
@@ -460,8 +357,7 @@ def formats() -> Result:
 # ------------------------------------------------------------------------------ the list
 
 _ALL = Presentation(all_rows=True)
-_INFO = {"tables": Presentation(title="rows per table", all_rows=True),
-         "levels": Presentation(title="events per level", all_rows=True)}  # fmt: skip
+_INFO = INFO_PRESENT
 _RECOMMENDATIONS = Presentation(
     layout="paragraphs",
     title="recommendations (ranked by the step time they can save, at most)",
@@ -478,6 +374,17 @@ _OVERVIEW = {
     "top_kernels": Presentation(title="top kernels (by total time)"),
     "recommendations": _RECOMMENDATIONS,
 }
+#: Units of the columns whose names do not carry one (render.py reads names for the rest).
+_ROOF_UNITS = (("flops", "FLOP"), ("achieved_flops", "FLOP/s"), ("peak_flops", "FLOP/s"),
+               ("roof", "FLOP/s"), ("achieved_bandwidth", "B/s"), ("peak_bandwidth", "B/s"),
+               ("intensity", "FLOP/B"), ("ridge", "FLOP/B"), ("pct_of_roof", "%"),
+               ("share_of_time", "%"))  # fmt: skip
+_MEMORY_UNITS = (("total_allocated", "bytes"), ("total_reserved", "bytes"),
+                 ("peak_allocated", "bytes"), ("reserved_at_peak", "bytes"),
+                 ("peak_reserved", "bytes"), ("addr", "hex"))  # fmt: skip
+_COMM_UNITS = (("dur", "ns"), ("algbw", "B/s"), ("busbw", "B/s"), ("first_start", "ts"),
+               ("last_start", "ts"))  # fmt: skip
+_PER_RANK = Presentation(layout="transpose", label="rank", all_rows=True)
 _HTA = Option(
     "hta_compatible",
     "Reproduce HTA 0.5.0's numbers, rounding and quirks included (the last step is then left "
@@ -494,7 +401,7 @@ TOOLS: tuple[Tool, ...] = (
          options=(Option("check", "Also verify every file against the manifest (missing, "
                                   "truncated, wrong files); exit 2 on any problem.", False,
                          bool),),
-         document="xpuprof.ui.tools:info_document"),
+         document="xpuprof.ui.tools:info_document", headline="xpuprof.ui.headlines:info"),
     Tool("overview", "xpuprof.ui.tools:overview",
          "Step time, where it goes (compute, communication, memcpy, input, host-bound idle), "
          "the bottleneck, top ops and kernels, and the advisor's recommendations.",
@@ -512,7 +419,9 @@ TOOLS: tuple[Tool, ...] = (
                   Option("kernels", "Device kernels.", False, bool),
                   Option("layers", "Model layers (modules and types).", False, bool),
                   Option("shapes", "Ops per input shapes.", False, bool),
-                  Option("by_op", "Kernels per launching op.", False, bool))),
+                  Option("by_op", "Kernels per launching op.", False, bool)),
+         present={"kernels": Presentation(units=(("shared_memory", "bytes"),))},
+         headline="xpuprof.ui.headlines:stats"),
     Tool("hierarchy", "xpuprof.analysis.hierarchy:hierarchy",
          "Device time attributed up the stack (kernel → op → layer → step), inclusive and "
          "exclusive, as XSP does.",
@@ -522,16 +431,19 @@ TOOLS: tuple[Tool, ...] = (
          "HTA's temporal breakdown, kernel-type breakdown and comm/compute overlap (every "
          "step unless --steps or --hta-compatible says otherwise).",
          options=(Option("top", "Kernels listed per rank and type.", 10, int), _HTA),
-         present={"types": _ALL}),
+         present={"temporal": _PER_RANK, "types": _ALL, "overlap": _PER_RANK},
+         headline="xpuprof.ui.headlines:breakdown"),
     Tool("idle", "xpuprof.analysis.idle:idle_time",
          "Idle time per stream (host wait, kernel wait, other), launch delays, short "
          "kernels, queue length (every step unless --steps or --hta-compatible says "
          "otherwise).",
-         options=(_HTA,)),
+         options=(_HTA,), present={"launch_summary": _PER_RANK},
+         headline="xpuprof.ui.headlines:idle"),
     Tool("input", "xpuprof.analysis.input_pipeline:input_pipeline",
          "Input pipeline: time each step waits for data, classified as XProf does.",
          options=(Option("pattern", "Regex naming the input spans (default: DataLoader "
-                                    "iterator spans and names like load_batch)."),)),
+                                    "iterator spans and names like load_batch)."),),
+         present={"summary": _PER_RANK}, headline="xpuprof.ui.headlines:input"),
     Tool("roofline", "xpuprof.analysis.roofline:roofline",
          "Roofline: FLOPs, bytes, arithmetic intensity, achieved rates, bound and % of roof.",
          options=(Option("device", "Judge against this device (e.g. h200-sxm) instead of "
@@ -539,17 +451,30 @@ TOOLS: tuple[Tool, ...] = (
                   Option("tf32", "fp32 matmuls ran on TF32 tensor cores.", False, bool),
                   Option("calibrate", "Measure this machine's CPU roof with a short "
                                       "micro-benchmark (cached in the user cache directory).",
-                         None, bool))),
+                         None, bool)),
+         present={"ops": Presentation(units=_ROOF_UNITS),
+                  "by_name": Presentation(units=_ROOF_UNITS),
+                  "kernels": Presentation(units=_ROOF_UNITS),
+                  "devices": Presentation(units=(("memory_bandwidth", "B/s"),
+                                                 ("memory_bytes", "bytes")), all_rows=True)},
+         headline="xpuprof.ui.headlines:roofline"),
     Tool("memory", "xpuprof.analysis.memory:memory_timeline",
          "Memory: allocation timeline, peak, and what is live at the peak by op and layer.",
-         options=(Option("device", "cuda, cuda:1, cpu or a device index."),)),
+         options=(Option("device", "cuda, cuda:1, cpu or a device index."),),
+         present={"timeline": Presentation(units=_MEMORY_UNITS),
+                  "peaks": Presentation(layout="transpose", label="device", all_rows=True,
+                                        units=_MEMORY_UNITS),
+                  "live": Presentation(units=_MEMORY_UNITS),
+                  "live_by_op": Presentation(title="live at the peak, by op")},
+         headline="xpuprof.ui.headlines:memory"),
     Tool("comm", "xpuprof.analysis.comm:collectives",
          "Communication: collectives with bus bandwidth, overlap with compute, cross-rank "
          "skew.",
          options=(Option("align", "Clock alignment: auto, none, end.", "auto"),),
-         present={"collectives": Presentation(units=(("dur", "ns"), ("algbw", "B/s"),
-                                                     ("busbw", "B/s"))),
-                  "summary": Presentation(units=(("algbw", "B/s"), ("busbw", "B/s")))}),
+         present={"collectives": Presentation(units=_COMM_UNITS),
+                  "summary": Presentation(units=_COMM_UNITS),
+                  "skew": Presentation(units=_COMM_UNITS)},
+         headline="xpuprof.ui.headlines:comm"),
     Tool("critical-path", "xpuprof.analysis.critical_path:critical_path",
          "The critical path through host and device events, each segment attributed.",
          options=(Option("annotation", "Window: host spans named so."),
@@ -558,11 +483,18 @@ TOOLS: tuple[Tool, ...] = (
                                           units=(("time", "ns"), ("wall", "ns"),
                                                  ("percent", "%"))),
                   "path": Presentation(title="critical path, segment by segment",
-                                       units=(("duration", "ns"), ("weight", "ns")))}),
+                                       units=(("start", "ts"), ("end", "ts"),
+                                              ("duration", "ns"), ("weight", "ns")))},
+         headline="xpuprof.ui.headlines:critical_path"),
     Tool("diff", "xpuprof.analysis.diff:diff",
-         "Ops and kernels added, removed and changed between two traces, and the step-time "
-         "delta.",
-         inputs=2, present={"steps": _ALL}),
+         "The step-time delta between two traces split into where the time goes, then the "
+         "ops and kernels added, removed and changed.",
+         inputs=2,
+         present={"steps": Presentation(title="step time and where it goes, mean per step "
+                                              "(a: baseline, b: new)", all_rows=True),
+                  "ops": Presentation(title="ops, largest change first (a: baseline, b: new)"),
+                  "kernels": Presentation(title="kernels, largest change first (a: baseline, "
+                                                "b: new)")}),
     Tool("hardware", "xpuprof.ui.tools:hardware",
          "The device table the roofline uses: peak FLOP/s per dtype, memory and link "
          "bandwidth.",
