@@ -132,6 +132,7 @@ class Trace:
                     "part": s["part"],
                     "rank": s["rank"],
                     "rank_from": s.get("rank_from"),
+                    "steps_from": s.get("steps_from"),
                     "host": s.get("host"),
                     "format": s.get("format"),
                     "meta": meta,

@@ -108,6 +108,8 @@ def info(trace: Trace, *, check: bool = False) -> Result:
         {
             "part": s["part"],
             "rank": s["rank"],
+            "rank_from": s.get("rank_from"),
+            "steps_from": s.get("steps_from"),
             "source": Path(s["path"]).name,
             "size_bytes": s["size"],
             "read": s["events_read"],

@@ -364,7 +364,7 @@ _RECOMMENDATIONS = Presentation(
     lines=(
         "{recommendation}",
         "{finding}: {evidence}",
-        "saves up to {saved_ms_per_step:.2f} ms per step ({saved_fraction:.0%})",
+        "{saving}",
     ),
 )
 _SUMMARY = Presentation(layout="transpose", label="rank", all_rows=True)
