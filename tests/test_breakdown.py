@@ -349,6 +349,13 @@ def small(tmp_path_factory):
         yield t
 
 
+#: The temporal breakdown of ``small`` with drop-last, in one sentence: of the 120 µs span the
+#: device computes 42 (35%), runs the NCCL kernel alone 15 (12.5%, shown 12%: halves round to
+#: even) and idles 63 (52.5%, shown 52%).
+SMALL_HEADLINE = ("The device computes 35% of the 120 µs traced on rank 0, runs other work "
+                  "(communication, memory) 12% and is idle 52%")  # fmt: skip
+
+
 def test_small_temporal_by_hand(small):
     # drop-last leaves out D (launched in step 2). Busy: [40,75) ∪ [85,95) ∪ [96,98) ∪
     # [150,160) = 57 of the span 40..160 = 120, so idle 63; compute A+B+E+F = 42; the rest
@@ -365,7 +372,8 @@ def test_small_temporal_by_hand(small):
     assert row["idle_pct"] == pytest.approx(100 * 63 / 120)
     assert row["device_events"] == 5
     assert any("last step dropped" in n for n in res.notes)
-    assert res.facts == {"device_events": 5, "steps": "drop-last", "hta_compatible": False}
+    assert res.facts == {"device_events": 5, "steps": "drop-last", "hta_compatible": False,
+                         "headline": SMALL_HEADLINE}  # fmt: skip
     # every step: D [120,130) is busy compute time too
     allr = temporal_breakdown(small, steps="all")["temporal"].iloc[0]
     assert (allr["idle_ns"], allr["compute_ns"], allr["device_events"]) == (53 * US, 52 * US, 6)
@@ -444,6 +452,12 @@ def test_small_idle_time_by_hand(small):
     assert (q.loc[20, "count"], q.loc[20, "max"], q.loc[20, "mean"]) == (4, 1, 0.5)
     ev = idle_time(small, steps="drop-last", per_event=True)
     assert len(ev["launches"]) == 5 and len(ev["queue_series"]) == 10
+    # the headline, from the analysis itself: 25 + 55 + 21 = 101 µs idle on 2 streams, other
+    # 55/101 = 54%, kernel wait 25/101 = 25%, host wait 21/101 = 21%, largest first
+    assert res.facts["headline"] == (
+        "Device streams are idle 101 µs in all (2 streams): 54% other, 25% in short gaps "
+        "between queued kernels, 21% waiting for the host to queue work"
+    )
 
 
 def test_small_hta_compatible_equals_default_on_whole_microseconds(small):
@@ -470,7 +484,8 @@ def test_combined_breakdown_and_bad_options(small):
     assert any("last step dropped" in n for n in res.notes)
     doc = json.loads(json.dumps(res.to_dict(), default=str))
     assert doc["tables"]["types"][0]["kernel_type"] == "COMPUTATION"
-    assert doc["facts"] == {"device_events": 5, "steps": "drop-last", "hta_compatible": False}
+    assert doc["facts"] == {"device_events": 5, "steps": "drop-last", "hta_compatible": False,
+                            "headline": SMALL_HEADLINE}  # fmt: skip
     with pytest.raises(XpuprofError, match="steps must be"):
         temporal_breakdown(small, steps="last")
     with pytest.raises(XpuprofError, match="step_filter quirk"):
@@ -511,6 +526,8 @@ def test_no_device_events_gives_notes_not_errors(tmp_path):
         assert it["breakdown"].empty and it["launch_summary"].empty
         assert it["queue_length"].empty
         assert any("no device events" in n for n in it.notes)
+        # nothing to state: no headline rather than a sentence about zeros
+        assert "headline" not in res.facts and "headline" not in it.facts
         for q in (True, False):  # the HTA path says the same, and does not raise
             assert temporal_breakdown(t, hta_compatible=q)["temporal"].empty
 

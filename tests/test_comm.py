@@ -102,12 +102,49 @@ def test_busbw_by_hand(synthetic):
     assert "skew" not in r.tables and any("one participant" in x for x in r.notes)
 
 
+def test_headline_by_hand(synthetic):
+    """The analysis states its answer itself: 100 + 50 + 25 = 175 µs of collectives on the one
+    rank, 3 calls, all_reduce 100/175 = 57%; the GEMM hides 50/175 = 29% of it."""
+    r = collectives(synthetic)
+    assert r.facts["headline"] == ("Collectives take 175 µs per rank (3 calls; all_reduce 57% "
+                                   "of that time), 29% hidden under compute")  # fmt: skip
+
+
+def _three_ranks(tmp_path: Path, late_us: tuple[int, int]) -> Path:
+    """Three ranks, two 100 µs all-reduces each (at 1000 and 2000 µs); rank 2 starts them
+    ``late_us`` later, ranks 0 and 1 on time (rank 1 10 µs after rank 0)."""
+    files = []
+    for rank, delay in ((0, (0, 0)), (1, (10, 10)), (2, late_us)):
+        tb = TraceBuilder(rank=rank, world_size=3)
+        for t0, d in zip((1000, 2000), delay, strict=True):
+            tb.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                      t0 + d, 100, stream=20, correlation=0,
+                      **_coll("allreduce", MIB, MIB, "Float", group=3))  # fmt: skip
+        files.append(tb.write(tmp_path / f"rank{rank}.json"))
+    xpuprof.import_traces(files, tmp_path / f"late{late_us[0]}.store")
+    return tmp_path / f"late{late_us[0]}.store"
+
+
+def test_headline_names_a_straggler_only_above_the_noise_floor(tmp_path):
+    """Rank 2 is last at both collectives. 200 and 300 µs late (mean 250 µs, over the 50 µs
+    floor): named. 20 and 30 µs late (mean 25 µs): noise, not named. Each rank spends 200 µs
+    in 2 calls; no compute, so nothing is hidden."""
+    base = "Collectives take 200 µs per rank (2 calls; all_reduce 100% of that time), 0% hidden"
+    with xpuprof.load(_three_ranks(tmp_path, (200, 300))) as t:
+        line = collectives(t, align="none").facts["headline"]
+    assert line == (base + " under compute; rank 2 is the last to arrive at 2 of 2 "
+                    "collectives (250 µs late on average)")  # fmt: skip
+    with xpuprof.load(_three_ranks(tmp_path, (20, 30))) as t:
+        assert collectives(t, align="none").facts["headline"] == base + " under compute"
+
+
 def test_no_collectives(tmp_path):
     tb = TraceBuilder(rank=None)
     tb.kernel("gemm", 0, 10, stream=7, correlation=0)
     with tb.load(tmp_path) as t:
         r = collectives(t)
         assert r["collectives"].empty and any("no collective" in n for n in r.notes)
+        assert "headline" not in r.facts
 
 
 DTYPE_SIZE = {"Float": 4, "Long": 8}

@@ -213,6 +213,11 @@ def test_gpu_bound(load) -> None:
     wall = res["summary"].set_index("attribution").wall
     assert (wall["sync"], wall["host_gap"], wall["total"]) == (5 * US, 5 * US, 3040 * US)
     check_path_invariants(res)
+    # the analysis states its answer itself: 3030 µs, the three largest shares 3000/3030 = 99%
+    # kernels, 20/3030 = 1% host, 6/3030 = 0.2% launch delay (the 4 µs of gaps come fourth)
+    assert res.facts["headline"] == (
+        "The critical path is 3.03 ms long: 99% device compute, 1% host work, 0% launch delays"
+    )
 
 
 def test_cross_stream_event_wait(load) -> None:
@@ -291,6 +296,7 @@ def test_missing_steps_and_empty_trace_are_notes_not_errors(load) -> None:
     tb.add({"ph": "i", "name": "x", "pid": 1, "tid": 1, "ts": 0})
     res = critical_path(load(tb))
     assert res["path"].empty and any("no host ops" in n for n in res.notes)
+    assert "headline" not in res.facts
 
 
 def test_steps_window(load) -> None:

@@ -85,6 +85,13 @@ def test_synthetic_sequence(seq_trace):
     ]  # fmt: skip
     by = r["live_by_op"]
     assert by[by["device"] == "cuda:0"]["bytes"].tolist() == [200, 50]
+    # the analysis states its answer itself: the highest peak is cuda:0's 280 B, at 510 µs
+    # from the first event (the layer span at 0); C (200 B, under aten::mul) is most of it.
+    # Rank 0: the file names no rank (docs/steps.md: the default).
+    assert r.facts["headline"] == (
+        "Peak memory 280 B allocated on cuda:0 on rank 0 at 510 µs into the trace; the most "
+        "live at the peak under aten::mul (200 B)"
+    )
 
 
 def test_nested_attribution_and_device_filter(tmp_path):
@@ -116,6 +123,7 @@ def test_no_memory_events_is_a_note(tmp_path):
         r = memory_timeline(t)
         assert r["timeline"].empty and r["peaks"].empty and r["live"].empty
         assert any("profile_memory=True" in n for n in r.notes)
+        assert "headline" not in r.facts
 
 
 def _replay(events):

@@ -224,6 +224,11 @@ def test_gemm_by_hand(gemm_trace):
         100 * GEMM_US / (GEMM_US + ADD_US)
     )
     assert r["devices"]["key"].tolist() == ["a100-sxm4-80gb"]
+    # the analysis states its answer itself: 1000 + 10 µs costed, the GEMM (compute-bound)
+    # 1000/1010 = 99%, the add (memory-bound) 10/1010 = 1%
+    assert r.facts["headline"] == (
+        "Of 1.01 ms of costed work with a known roof: 99% compute-bound, 1% memory-bound"
+    )
 
 
 def test_gemm_against_another_device(gemm_trace):
@@ -340,6 +345,7 @@ def test_trace_without_shapes_says_so(tmp_path):
         r = roofline(t, calibrate=False)
         assert r["ops"].empty and r["kernels"].empty
         assert any("no framework-op FLOPs" in n for n in r.notes)
+        assert "headline" not in r.facts
 
 
 def test_unknown_device_is_a_note_not_a_number(tmp_path):

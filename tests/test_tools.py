@@ -19,7 +19,7 @@ from rich.console import Console
 
 from xpuprof.core.errors import XpuprofError
 from xpuprof.core.result import Presentation, Result, records
-from xpuprof.ui import render, tools
+from xpuprof.ui import render, stores, tools
 
 UI = Path(tools.__file__).parent
 NAMES = [t.name for t in tools.TOOLS]
@@ -136,7 +136,7 @@ def test_overview_steps_against_the_raw_profiler_steps(results, raw) -> None:
         assert calls == ops[op]
 
 
-def test_info_against_the_raw_file(results, raw) -> None:
+def test_info_against_the_raw_file(results, trace, raw) -> None:
     res = results["info"]
     (src,) = res["sources"]
     assert src["read"] == len(raw) and res.facts["events_read"] == len(raw)
@@ -144,6 +144,11 @@ def test_info_against_the_raw_file(results, raw) -> None:
     levels = {r["level"]: r["events"] for r in res["levels"]}
     assert levels["step"] == len(_step_durations_ns(raw))
     assert levels["op"] == sum(_op_counts(raw).values())
+    # info states its answer itself (no distributedInfo in the file: rank 0, the default of
+    # docs/steps.md; an empty deviceProperties: no device named)
+    assert stores.info(trace).facts["headline"] == (
+        f"{len(raw):,} events read from 1 source(s), rank 0"
+    )
 
 
 def test_info_document_is_the_manifest_summary(trace, raw) -> None:

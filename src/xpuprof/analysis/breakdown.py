@@ -28,6 +28,7 @@ from xpuprof.analysis.common import (
 )
 from xpuprof.analysis.device import QUIRKS, DeviceWork, device_work, out_rank, rank_name
 from xpuprof.analysis.hta import hta_frame, hta_kernel_type
+from xpuprof.core.text import human_time
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -43,6 +44,7 @@ __all__ = [
     "kernel_breakdown",
     "comm_overlap",
     "breakdown",
+    "headline",
 ]
 
 # -------------------------------------------------------------------------------- analyses
@@ -96,10 +98,37 @@ def temporal_breakdown(
 
     Table ``temporal``: ``rank``, ``idle_ns``, ``compute_ns``, ``non_compute_ns``,
     ``span_ns`` (HTA's "kernel_time"), ``device_events``, ``idle_pct``, ``compute_pct``,
-    ``non_compute_pct``. Notes: what was dropped, ranks without device events.
+    ``non_compute_pct``. Notes: what was dropped, ranks without device events. Facts:
+    ``headline`` (:func:`headline`), ``device_events``, ``steps``, ``hta_compatible``.
     """
     dw = device_work(trace, ranks, steps, hta_compatible=hta_compatible)
-    return Result(tables={"temporal": _temporal_rows(dw)}, notes=dw.notes, facts=_facts(dw))
+    temporal = _temporal_rows(dw)
+    facts = _facts(dw)
+    line = headline(temporal)
+    if line:
+        facts["headline"] = line
+    return Result(tables={"temporal": temporal}, notes=dw.notes, facts=facts)
+
+
+def headline(temporal: pd.DataFrame) -> str | None:
+    """The temporal breakdown in one sentence: the share of the span the device computes,
+    runs other work and is idle (one rank), or their ranges and the most idle rank (several);
+    None without device work."""
+    t = temporal
+    if not len(t):
+        return None
+    if len(t) == 1:
+        r = t.iloc[0]
+        on = "" if pd.isna(r["rank"]) else f" on rank {int(r['rank'])}"
+        return (f"The device computes {r.compute_pct:.0f}% of the {human_time(r.span_ns)} "
+                f"traced{on}, runs other work (communication, memory) "
+                f"{r.non_compute_pct:.0f}% and is idle {r.idle_pct:.0f}%")  # fmt: skip
+    worst = t.loc[t.idle_pct.idxmax()]
+    return (f"Across {len(t)} ranks the devices compute {t.compute_pct.min():.0f}–"
+            f"{t.compute_pct.max():.0f}% of the time traced, run other work (communication, "
+            f"memory) {t.non_compute_pct.min():.0f}–{t.non_compute_pct.max():.0f}% and are idle "
+            f"{t.idle_pct.min():.0f}–{t.idle_pct.max():.0f}% (most idle: rank "
+            f"{int(worst['rank'])}, {worst.idle_pct:.0f}%)")  # fmt: skip
 
 
 def _facts(dw: DeviceWork) -> dict[str, int | str | bool]:
@@ -347,8 +376,9 @@ def breakdown(
     :class:`Result` (tables ``temporal``, ``types``, ``types_by_rank``, ``kernels`` with the
     ``top`` kernels per rank and type, ``overlap``), over one selection of device work.
 
-    Facts: ``device_events`` (selected), ``steps`` (the selection applied: ``all``,
-    ``drop-last`` or ``list``), ``hta_compatible``."""
+    Facts: ``headline`` (the temporal breakdown's, :func:`headline`), ``device_events``
+    (selected), ``steps`` (the selection applied: ``all``, ``drop-last`` or ``list``),
+    ``hta_compatible``."""
     kw = {"ranks": ranks, "steps": steps, "hta_compatible": hta_compatible}
     parts = (temporal_breakdown(trace, **kw), kernel_breakdown(trace, top=top, **kw),
              comm_overlap(trace, **kw))  # fmt: skip

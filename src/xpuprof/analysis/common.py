@@ -111,6 +111,16 @@ def events(
     )
 
 
+def trace_start(trace: Trace) -> int | None:
+    """The time of the trace's first event (ns; None for a store without events): where
+    "into the trace" counts from, in a headline and in the terminal's timestamps."""
+    key = ("trace start",)
+    if key not in trace.memo:
+        start = trace.sql("select min(ts) as t from events")["t"].iloc[0]
+        trace.memo[key] = None if pd.isna(start) else int(start)
+    return trace.memo[key]
+
+
 def kernel_type(level: pd.Series, name: pd.Series) -> pd.Series:
     """HTA's kernel type of device events, from their level: COMMUNICATION for collectives
     and NCCL kernels, MEMORY for memcpy, memset, MTIA's DMA transfers (kernels named

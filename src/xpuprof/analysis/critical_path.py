@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from xpuprof.analysis.common import Result, StepSelection, step_mode
+from xpuprof.core.text import human_time
 from xpuprof.trace.graph import (
     WHOLE_TRACE,
     DependencyGraph,
@@ -73,7 +74,7 @@ def critical_path(
     (what it adds to the length), ``attribution``, the charged ``event`` and its ``name``, the
     ``src`` and ``dst`` events it joins. ``summary``: per attribution the summed ``time``
     (weight) and ``wall`` (duration), ``percent`` of the length; row ``total``: the length and
-    the span.
+    the span. Facts: ``headline`` (:func:`headline`), when there is a path.
     """  # fmt: skip
     notes: list[str] = []
     wanted = None if ranks is None else {int(r) for r in ranks}
@@ -92,7 +93,37 @@ def critical_path(
         notes.append("no host ops or runtime calls in the window: no critical path")
     path = pd.concat(paths, ignore_index=True) if paths else pd.DataFrame(columns=COLUMNS)
     path["name"] = path.event.map(_names(trace, path.event.dropna().unique()))
-    return Result(tables={"summary": _summary(path), "path": path[COLUMNS]}, notes=notes)
+    summary = _summary(path)
+    line = headline(summary)
+    return Result(tables={"summary": summary, "path": path[COLUMNS]}, notes=notes,
+                  facts={"headline": line} if line else {})  # fmt: skip
+
+
+#: How the headline names each attribution.
+ATTRIBUTION_WORDS = {
+    "cpu_bound": "host work",
+    "gpu_compute": "device compute",
+    "gpu_communication": "communication kernels",
+    "launch_overhead": "launch delays",
+    "kernel_gap": "gaps between kernels",
+}
+
+
+def headline(summary: pd.DataFrame) -> str | None:
+    """The critical path in one sentence (the ``summary`` of :func:`critical_path`): the
+    longest path's length and its three largest attributions' shares; None without a path."""
+    s = summary
+    totals = s[s.attribution == "total"]
+    if not len(totals) or not totals.time.max():
+        return None
+    top = totals.loc[totals.time.idxmax()]
+    mine = s[(s.part == top.part) & (s.attribution != "total") & (s.time > 0)]
+    parts = ", ".join(
+        f"{r.percent:.0f}% {ATTRIBUTION_WORDS.get(r.attribution, r.attribution)}"
+        for r in mine.sort_values("time", ascending=False).head(3).itertuples()
+    )
+    who = f" of rank {int(top['rank'])}" if len(totals) > 1 else ""
+    return f"The critical path{who} is {human_time(top.time)} long: {parts}"
 
 
 def _segments(graph: DependencyGraph, path: np.ndarray) -> pd.DataFrame:

@@ -20,6 +20,7 @@ import pandas as pd
 from xpuprof.analysis.common import Result, StepSelection
 from xpuprof.analysis.device import DeviceWork, device_work, out_rank
 from xpuprof.analysis.hta import HTA_IDLE_CATEGORIES
+from xpuprof.core.text import human_time
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -403,8 +404,9 @@ def idle_time(
     * with ``per_event=True`` also ``launches`` (one row per launch) and ``queue_series``
       (every change of a stream's queue length).
 
-    Facts: ``device_events`` (selected), ``launches`` (runtime call → device event pairs),
-    ``steps`` (the selection applied: ``all``, ``drop-last`` or ``list``), ``hta_compatible``.
+    Facts: ``headline`` (:func:`headline`), ``device_events`` (selected), ``launches``
+    (runtime call → device event pairs), ``steps`` (the selection applied: ``all``,
+    ``drop-last`` or ``list``), ``hta_compatible``.
     """
     dw = device_work(trace, ranks, steps, hta_compatible=hta_compatible)
     res = Result(notes=dw.notes)
@@ -429,9 +431,33 @@ def idle_time(
     res.tables["queue_length"] = summ
     res.facts = {"device_events": len(dw.df), "launches": len(la), "steps": dw.steps,
                  "hta_compatible": dw.hta_compatible}  # fmt: skip
+    line = headline(res.tables["breakdown"])
+    if line:
+        res.facts["headline"] = line
     if per_event:
         la = la.copy()
         la["rank"] = out_rank(la["rank"])
         res.tables["launches"] = la.reset_index(drop=True)
         res.tables["queue_series"] = series
     return res
+
+
+#: How the headline names each idle category.
+IDLE_WORDS = {
+    HOST_WAIT: "waiting for the host to queue work",
+    KERNEL_WAIT: "in short gaps between queued kernels",
+    OTHER_WAIT: "other",
+}
+
+
+def headline(breakdown: pd.DataFrame) -> str | None:
+    """The idle time in one sentence: its total over the streams and each category's share,
+    largest first (the ``breakdown`` table of :func:`idle_time`); None when no stream idles."""
+    t = breakdown
+    if not len(t) or not t.idle_ns.sum():
+        return None
+    by = t.groupby("idle_category").idle_ns.sum().sort_values(ascending=False)
+    total = float(by.sum())
+    streams = len(t.drop_duplicates(["rank", "device", "stream"]))
+    parts = ", ".join(f"{v / total:.0%} {IDLE_WORDS.get(k, k)}" for k, v in by.items() if v)
+    return f"Device streams are idle {human_time(total)} in all ({streams} streams): {parts}"

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from xpuprof.analysis.common import Result, steps_where, where_clause
+from xpuprof.analysis.common import Result, steps_where, trace_start, where_clause
 from xpuprof.core.errors import XpuprofError
+from xpuprof.core.text import human_bytes, human_time
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -276,7 +277,7 @@ def memory(
     Tables: ``timeline`` (every selected ``[memory]`` event: rank, device, ts, bytes, totals,
     addr), ``peaks`` (one row per device), ``live`` (allocations live at each peak, attributed
     to op, top op, layer and annotation) and ``live_by_op`` (the live set grouped by top op,
-    op and layer, largest first).
+    op and layer, largest first). Facts: ``headline`` (:func:`headline`), when there is a peak.
     """
     notes: list[str] = []
     ranks = None if ranks is None else [int(r) for r in ranks]
@@ -334,11 +335,32 @@ def memory(
             "no layer spans in the trace (record with xpuprof.profile(level='layer' or deeper) "
             "or torch.profiler with_modules): live memory is attributed to ops only."
         )
+    by_op = _by_op(live_df)
+    line = headline(peaks, by_op, trace_start(trace))
     return Result(
         tables={"timeline": timeline.reset_index(drop=True), "peaks": peaks, "live": live_df,
-                "live_by_op": _by_op(live_df)},
+                "live_by_op": by_op},
         notes=notes,
+        facts={"headline": line} if line else {},
     )  # fmt: skip
+
+
+def headline(peaks: pd.DataFrame, by_op: pd.DataFrame, start: int | None) -> str | None:
+    """The memory in one sentence: the highest peak of allocated memory, its device, rank and
+    time from ``start`` (the trace's first event), and the op under which the most is live
+    at it (the ``peaks`` and ``live_by_op`` tables of :func:`memory`); None without a peak."""
+    if not len(peaks) or peaks.peak_allocated.isna().all():
+        return None
+    top = peaks.loc[peaks.peak_allocated.idxmax()]
+    on = "" if pd.isna(top["rank"]) else f" on rank {int(top['rank'])}"
+    when = (f" at {human_time(top.peak_ts - start)} into the trace"
+            if start is not None and top.peak_ts == top.peak_ts else "")  # fmt: skip
+    line = f"Peak memory {human_bytes(top.peak_allocated)} allocated on {top.device}{on}{when}"
+    same = by_op[(by_op.device == top.device) & (by_op.part == top.part)]
+    if len(same):
+        big = same.loc[same.bytes.idxmax()]
+        line += f"; the most live at the peak under {big.top_op} ({human_bytes(big.bytes)})"
+    return line
 
 
 #: The name the CLI and earlier releases use.

@@ -15,8 +15,10 @@ import numpy as np
 import pandas as pd
 
 from xpuprof.analysis.common import Result, steps_mask, where_clause
+from xpuprof.analysis.cupti import CUPTI_COUNTERS, cupti_kernels  # noqa: F401  (re-exported)
 from xpuprof.core.errors import XpuprofError
 from xpuprof.core.raw import decode_json
+from xpuprof.core.text import human_time
 from xpuprof.hardware import specs as hw
 from xpuprof.trace.tree import rows_in
 
@@ -42,13 +44,6 @@ TORCH_DTYPES = {"float": "fp32", "double": "fp64", "c10::Half": "fp16", "c10::BF
 XLA_DTYPES = {"f64": "fp64", "f32": "fp32", "bf16": "bf16", "f16": "fp16", "s8": "int8",
               "u8": "int8", "f8e4m3fn": "fp8", "f8e5m2": "fp8", "f8e4m3": "fp8",
               "f8e4m3fnuz": "fp8", "f8e5m2fnuz": "fp8", "c64": "fp32", "c128": "fp64"}  # fmt: skip
-
-#: CUPTI SASS counters: precision → (add, mul, fma) metric names.
-CUPTI_COUNTERS = {
-    p: tuple(f"smsp__sass_thread_inst_executed_op_{c}{op}_pred_on.sum" for op in ("add", "mul",
-             "fma"))
-    for p, c in (("fp64", "d"), ("fp32", "f"), ("fp16", "h"))
-}  # fmt: skip
 
 OP_COLUMNS = ["rank", "part", "step", "id", "name", "kind", "dtype", "device", "flops", "bytes",
               "intensity", "time_ns", "time_source", "achieved_flops", "achieved_bandwidth",
@@ -367,7 +362,8 @@ def roofline(
     measures this machine's CPU (cached in the user cache directory) as the roof of CPU ops;
     without it they have none. ``tf32``: fp32 matmuls ran on TF32 Tensor Cores. Tables:
     ``ops``, ``by_name`` (ops grouped by name, precision and device, largest device time
-    first), ``kernels`` and ``devices``.
+    first), ``kernels`` and ``devices``. Facts: ``headline`` (:func:`headline`), when costed
+    ops were timed.
     """
     ranks = None if ranks is None else [int(r) for r in ranks]
     notes: list[str] = []
@@ -384,7 +380,24 @@ def roofline(
         )  # fmt: skip
     tables = {"ops": ops, "by_name": _by_name(ops, specs, matrix), "kernels": kernels,
               "devices": _devices_table(devs, notes)}  # fmt: skip
-    return Result(tables=tables, notes=notes)
+    line = headline(tables["by_name"])
+    return Result(tables=tables, notes=notes, facts={"headline": line} if line else {})
+
+
+def headline(by_name: pd.DataFrame) -> str | None:
+    """The roofline in one sentence (the ``by_name`` table of :func:`roofline`): the shares
+    of the costed time that are compute- and memory-bound, or that no roof is known; None
+    without timed costed ops."""
+    b = by_name
+    if not len(b) or not b.time_ns.sum():
+        return None
+    known = b[b.bound != "unknown"]
+    if not len(known):
+        return (f"{len(b)} op names costed ({human_time(b.time_ns.sum())}); no roof for this "
+                "device, so whether they are compute- or memory-bound is unknown")  # fmt: skip
+    by = known.groupby("bound").time_ns.sum()
+    share = ", ".join(f"{v / by.sum():.0%} {k}-bound" for k, v in by.items())
+    return f"Of {human_time(by.sum())} of costed work with a known roof: {share}"
 
 
 def _infer_tf32(
@@ -527,7 +540,7 @@ def _kernels(
             from events where {w} and lower(category) = 'cuda_profiler_range'"""
     )
     if len(cupti):
-        frames.append(_cupti(cupti, notes))
+        frames.append(cupti_kernels(cupti, notes))
     if not frames:
         return pd.DataFrame(columns=KERNEL_COLUMNS)
     k = pd.concat(frames, ignore_index=True)
@@ -540,52 +553,3 @@ def _kernels(
         .sort_values(["part", "time_ns"], ascending=[True, False])
         .reset_index(drop=True)
     )
-
-
-def _cupti(df: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
-
-    fl = np.full(len(df), np.nan)
-    by = np.full(len(df), np.nan)
-    dtype = np.full(len(df), "fp32", dtype=object)
-    for i, a in enumerate(df["args"].tolist()):
-        args = decode_json(a, default={})
-        if not isinstance(args, dict):
-            continue
-        per = {}
-        for prec, (add, mul, fma) in CUPTI_COUNTERS.items():
-            vals = [args.get(add), args.get(mul), args.get(fma)]
-            if any(isinstance(v, (int, float)) for v in vals):
-                a_, m_, f_ = (float(v) if isinstance(v, (int, float)) else 0.0 for v in vals)
-                per[prec] = a_ + m_ + 2 * f_
-        if per:
-            fl[i] = sum(per.values())
-            dtype[i] = max(per, key=lambda p: per[p]) if any(per.values()) else "fp32"
-        rd, wr, tot = (args.get(k) for k in ("dram__bytes_read.sum", "dram__bytes_write.sum",
-                                              "dram__bytes.sum"))  # fmt: skip
-        if isinstance(tot, (int, float)):
-            by[i] = float(tot)
-        elif isinstance(rd, (int, float)) or isinstance(wr, (int, float)):
-            by[i] = float(rd or 0) + float(wr or 0)
-    out = df.drop(columns=["args"]).copy()
-    out["flops"] = fl
-    out["bytes"] = by
-    out["dtype"] = dtype
-    out["source"] = "CUPTI SASS counters"
-    out["matrix"] = False
-    out = out[out["flops"].notna() | out["bytes"].notna()]
-    # the range profiler's durations are its replay ranges: identical for every kernel
-    same = out.groupby("part")["time_ns"].transform(lambda s: len(s) > 1 and s.nunique() == 1)
-    if bool(same.any()):
-        out.loc[same.astype(bool), "time_ns"] = np.nan
-        notes.append(
-            f"{int(same.sum())} cuda_profiler_range kernels share one duration per source (the "
-            "CUPTI range profiler replays each kernel and records the range, not the kernel "
-            "time): their FLOPs are reported, achieved rates are not."
-        )
-    if out["bytes"].isna().any() and len(out):
-        notes.append(
-            "CUPTI counter kernels without dram__bytes counters have no bytes: no intensity or "
-            "bound for them. Their FLOPs count CUDA-core instructions only (no Tensor Core "
-            "work)."
-        )
-    return out

@@ -16,6 +16,7 @@ import pandas as pd
 from xpuprof.analysis.common import DEVICE_LEVELS, Result, select_rows, steps_mask, where_clause
 from xpuprof.analysis.hierarchy import BACKWARD, FORWARD, Ancestry, attribute, resolve
 from xpuprof.core.errors import XpuprofError
+from xpuprof.core.text import human_time, short_name
 from xpuprof.trace.tree import chain_pairs, outermost, roll_up
 
 if TYPE_CHECKING:
@@ -431,7 +432,8 @@ def stats(
     by_op: bool = False,
 ) -> Result:
     """The stats tool (``xpuprof stats STORE``): tables ``ops``, ``kernels``, ``layers`` and
-    ``layer_types`` (each where asked for) and the notes of all of them."""
+    ``layer_types`` (each where asked for) and the notes of all of them. Facts: ``headline``
+    (:func:`headline`), when there are ops or kernels with time."""
     ranks = _ranks_list(ranks)
     res = Result()
 
@@ -446,4 +448,23 @@ def stats(
     if layers:
         add("layers", _layer_table(trace, "layer", ranks, steps))
         add("layer_types", _layer_table(trace, "module_type", ranks, steps))
+    line = headline(res.tables.get("ops"), res.tables.get("kernels"))
+    if line:
+        res.facts["headline"] = line
     return res
+
+
+def headline(ops: pd.DataFrame | None, kernels: pd.DataFrame | None) -> str | None:
+    """The stats in one sentence: the op with the most self time and the kernel with the most
+    device time, each with its share and calls (the ``ops`` and ``kernels`` tables of
+    :func:`stats`, either may be None); None when neither has any time."""
+    said = []
+    for what, df, col in (("op self", ops, "self_ns"), ("device", kernels, "total_ns")):
+        if df is not None and len(df) and df[col].sum() > 0:
+            r = df.loc[df[col].idxmax()]
+            said.append(
+                f"most {what} time in {short_name(str(r['name']))} ({human_time(r[col])}, "
+                f"{r[col] / df[col].sum():.0%} of all, {int(r['count']):,} calls)"
+            )
+    line = "; ".join(said)
+    return line[:1].upper() + line[1:] if line else None

@@ -34,6 +34,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from xpuprof.core.result import Presentation, Result, Table
+from xpuprof.core.text import human_bytes, human_time  # noqa: F401  (re-exported)
 from xpuprof.ui.text import merge_notes, ranges_text, short_name  # noqa: F401  (re-exported)
 
 #: Text columns with a longer value keep one line per row, cut short; shorter ones wrap.
@@ -79,19 +80,6 @@ COUNT_WORDS = set(
 def print_json(doc: Any) -> None:
     """One JSON document on stdout (what every ``--json`` prints)."""
     sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")
-
-
-def human_bytes(n: float) -> str:
-    """``1536`` → ``1.5 KiB``."""
-    scale, unit = next((s, u) for s, u in reversed(_BYTE_UNITS) if abs(n) >= s or u == "B")
-    return f"{n:.0f} B" if unit == "B" else f"{n / scale:.1f} {unit}"
-
-
-def human_time(ns: float) -> str:
-    """``222_442_191`` → ``222.4 ms``: four significant digits in ns, µs, ms or s."""
-    scale, unit = next(((s, u) for s, u in reversed(_TIME_UNITS) if abs(ns) >= s),
-                       _TIME_UNITS[0])  # fmt: skip
-    return f"{_number(ns / scale)} {unit}"
 
 
 def _unit(typical: float, top: float, units: tuple[tuple[float, str], ...]) -> tuple[float, str]:
@@ -405,8 +393,11 @@ class Layout:
             t.add_column(escape(c.header), width=w, no_wrap=self.long[i] or self.wide,
                          justify="right" if c.numeric else "left",
                          overflow="fold" if c.numeric else "ellipsis")  # fmt: skip
+        cut = {i: w for w, i in zip(widths, keep, strict=True)
+               if not self.wide and not self.spec[i].numeric}  # fmt: skip
         for r in range(len(self.rows)):
-            t.add_row(*(escape(self.cells[i][r]) for i in keep))
+            t.add_row(*(escape(_middle(self.cells[i][r], cut[i]) if i in cut else self.cells[i][r])
+                        for i in keep))  # fmt: skip
         return t
 
     def key_values(self, label: str | None) -> list[RichTable]:
@@ -415,6 +406,16 @@ class Layout:
         rows = [[r[i] for i in self.keep] for r in self.rows]
         units = {self.spec[i].name: self.spec[i] for i in self.keep}
         return _transposed(cols, rows, label, self.width, units)
+
+
+def _middle(text: str, width: int) -> str:
+    """``text`` cut to ``width`` in the middle: names that differ only at their end (an op and
+    its ``_backward``, ``worker0_…`` and ``worker1_…`` files) stay apart, as the end of a name
+    is what tells them apart more often than its middle."""
+    if len(text) <= width or width < 8 or "\n" in text:
+        return text
+    tail = (width - 1) * 2 // 5
+    return text[: width - 1 - tail] + "…" + text[len(text) - tail :]
 
 
 def _transposed(cols: list[str], rows: list[list[Any]], label: str | None, width: int,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from xpuprof.core.errors import XpuprofError
 from xpuprof.core.names import LEVELS, TABLES
 from xpuprof.core.result import Presentation, Result
+from xpuprof.core.text import ranges_text
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -97,12 +98,24 @@ def check_first(name: str, paths: Iterable[str | Path], options: Mapping[str, An
     return None
 
 
+def info_headline(sources: list[dict[str, Any]], events_read: int) -> str:
+    """``info``'s answer in one sentence: events read, sources, ranks and devices (the
+    ``sources`` rows of :func:`info`: ``rank`` an int or None, ``devices`` names joined by
+    ``", "``)."""
+    ranks = sorted({int(s["rank"]) for s in sources if isinstance(s.get("rank"), int)})
+    devices = sorted({d for s in sources for d in (s.get("devices") or "").split(", ") if d})
+    line = f"{events_read or 0:,} events read from {len(sources)} source(s)"
+    if ranks:
+        line += f", {'rank' if len(ranks) == 1 else 'ranks'} {ranges_text(ranks)}"
+    return line + (f", on {', '.join(devices)}" if devices else "")
+
+
 def info(trace: Trace, *, check: bool = False) -> Result:
     """:func:`store_info` as tables (no pandas: ``info`` must answer in a blink): ``sources``,
-    ``tables`` (rows per table) and ``levels`` (events per level). Facts: ``store``,
-    ``version``, ``events_read``. ``check``: also verify every file against the manifest
-    (:func:`check_store`): the table ``problems`` and the fact ``problems`` (their number),
-    or a note that all is well."""
+    ``tables`` (rows per table) and ``levels`` (events per level). Facts: ``headline``
+    (:func:`info_headline`), ``store``, ``version``, ``events_read``. ``check``: also verify
+    every file against the manifest (:func:`check_store`): the table ``problems`` and the fact
+    ``problems`` (their number), or a note that all is well."""
     doc = store_info(trace)
     sources = [
         {
@@ -124,8 +137,8 @@ def info(trace: Trace, *, check: bool = False) -> Result:
         tables={"sources": sources,
                 "tables": [{"table": t, "rows": doc["rows"].get(t, 0)} for t in TABLES],
                 "levels": levels},
-        facts={"store": doc["store"], "version": doc["version"],
-               "events_read": doc["events_read"]},
+        facts={"headline": info_headline(sources, doc["events_read"]), "store": doc["store"],
+               "version": doc["version"], "events_read": doc["events_read"]},
         present={"sources": Presentation(title=doc["store"], all_rows=True)},
     )  # fmt: skip
     if check:

@@ -4,8 +4,9 @@ reports call :func:`run` the same way, so none of them composes tools or reshape
 
 A tool is ``function(*traces, ranks=None, steps=None, **options) -> Result``. Composite tools
 (``overview`` = the overview plus the advisor's recommendations; ``summary`` = what the demo
-prints) are written here, once; ``info`` (what a store holds) in :mod:`xpuprof.ui.stores`,
-the one-sentence answers of the tools that state none themselves in :mod:`xpuprof.ui.headlines`.
+prints) are written here, once; ``info`` (what a store holds) in :mod:`xpuprof.ui.stores`.
+Each tool states its own one-sentence answer (``Result.facts["headline"]``); :func:`run` puts
+it first.
 Functions are named as ``"module:function"`` and imported on first use, so that listing tools
 stays instant.
 """
@@ -67,8 +68,7 @@ class Tool:
     baseline and a new trace). ``present``: how to show its tables, by table name (a table
     the tool gives a presentation itself keeps it). ``document``: a function giving the
     tool's ``--json`` document when that is not ``Result.to_dict()`` (``info``'s predates
-    Result). ``headline``: a function ``(Result, *traces) -> str | None`` stating the tool's
-    answer in one sentence from its own tables, when the tool does not state one itself."""
+    Result)."""
 
     name: str
     target: str
@@ -78,7 +78,6 @@ class Tool:
     present: Mapping[str, Presentation] = field(default_factory=dict)
     inputs: int = 1
     document: str | None = None
-    headline: str | None = None
 
     def function(self) -> Callable[..., Any]:
         return _resolve(self.target)
@@ -184,10 +183,6 @@ def run(name: str, *traces: Trace, **options: Any) -> Result:
             res.present.setdefault(table, hint)
     if len(traces) == 1 and _has_timestamps(res):
         res.facts.setdefault("trace_start_ns", trace_start(traces[0]))
-    if tool.headline and "headline" not in res.facts:
-        line = _resolve(tool.headline)(res, *traces)
-        if line:
-            res.facts["headline"] = line
     if "headline" in res.facts:  # the answer first, in --json too
         res.facts = {"headline": res.facts["headline"], **res.facts}
     return res
@@ -220,14 +215,11 @@ def check_selection(traces: Iterable[Trace], kw: Mapping[str, Any]) -> tuple[lis
 
 
 def trace_start(trace: Trace) -> int | None:
-    """The time of the trace's first event (ns; None for a store without events)."""
-    key = ("trace start",)
-    if key not in trace.memo:
-        import pandas as pd
+    """The time of the trace's first event (ns; None for a store without events):
+    :func:`xpuprof.analysis.common.trace_start`, imported on first use."""
+    from xpuprof.analysis.common import trace_start as start
 
-        start = trace.sql("select min(ts) as t from events")["t"].iloc[0]
-        trace.memo[key] = None if pd.isna(start) else int(start)
-    return trace.memo[key]
+    return start(trace)
 
 
 def _has_timestamps(res: Result) -> bool:
@@ -401,7 +393,7 @@ TOOLS: tuple[Tool, ...] = (
          options=(Option("check", "Also verify every file against the manifest (missing, "
                                   "truncated, wrong files); exit 2 on any problem.", False,
                          bool),),
-         document="xpuprof.ui.tools:info_document", headline="xpuprof.ui.headlines:info"),
+         document="xpuprof.ui.tools:info_document"),
     Tool("overview", "xpuprof.ui.tools:overview",
          "Step time, where it goes (compute, communication, memcpy, input, host-bound idle), "
          "the bottleneck, top ops and kernels, and the advisor's recommendations.",
@@ -420,8 +412,7 @@ TOOLS: tuple[Tool, ...] = (
                   Option("layers", "Model layers (modules and types).", False, bool),
                   Option("shapes", "Ops per input shapes.", False, bool),
                   Option("by_op", "Kernels per launching op.", False, bool)),
-         present={"kernels": Presentation(units=(("shared_memory", "bytes"),))},
-         headline="xpuprof.ui.headlines:stats"),
+         present={"kernels": Presentation(units=(("shared_memory", "bytes"),))}),
     Tool("hierarchy", "xpuprof.analysis.hierarchy:hierarchy",
          "Device time attributed up the stack (kernel → op → layer → step), inclusive and "
          "exclusive, as XSP does.",
@@ -431,19 +422,17 @@ TOOLS: tuple[Tool, ...] = (
          "HTA's temporal breakdown, kernel-type breakdown and comm/compute overlap (every "
          "step unless --steps or --hta-compatible says otherwise).",
          options=(Option("top", "Kernels listed per rank and type.", 10, int), _HTA),
-         present={"temporal": _PER_RANK, "types": _ALL, "overlap": _PER_RANK},
-         headline="xpuprof.ui.headlines:breakdown"),
+         present={"temporal": _PER_RANK, "types": _ALL, "overlap": _PER_RANK}),
     Tool("idle", "xpuprof.analysis.idle:idle_time",
          "Idle time per stream (host wait, kernel wait, other), launch delays, short "
          "kernels, queue length (every step unless --steps or --hta-compatible says "
          "otherwise).",
-         options=(_HTA,), present={"launch_summary": _PER_RANK},
-         headline="xpuprof.ui.headlines:idle"),
+         options=(_HTA,), present={"launch_summary": _PER_RANK}),
     Tool("input", "xpuprof.analysis.input_pipeline:input_pipeline",
          "Input pipeline: time each step waits for data, classified as XProf does.",
          options=(Option("pattern", "Regex naming the input spans (default: DataLoader "
                                     "iterator spans and names like load_batch)."),),
-         present={"summary": _PER_RANK}, headline="xpuprof.ui.headlines:input"),
+         present={"summary": _PER_RANK}),
     Tool("roofline", "xpuprof.analysis.roofline:roofline",
          "Roofline: FLOPs, bytes, arithmetic intensity, achieved rates, bound and % of roof.",
          options=(Option("device", "Judge against this device (e.g. h200-sxm) instead of "
@@ -456,8 +445,7 @@ TOOLS: tuple[Tool, ...] = (
                   "by_name": Presentation(units=_ROOF_UNITS),
                   "kernels": Presentation(units=_ROOF_UNITS),
                   "devices": Presentation(units=(("memory_bandwidth", "B/s"),
-                                                 ("memory_bytes", "bytes")), all_rows=True)},
-         headline="xpuprof.ui.headlines:roofline"),
+                                                 ("memory_bytes", "bytes")), all_rows=True)}),
     Tool("memory", "xpuprof.analysis.memory:memory_timeline",
          "Memory: allocation timeline, peak, and what is live at the peak by op and layer.",
          options=(Option("device", "cuda, cuda:1, cpu or a device index."),),
@@ -465,16 +453,14 @@ TOOLS: tuple[Tool, ...] = (
                   "peaks": Presentation(layout="transpose", label="device", all_rows=True,
                                         units=_MEMORY_UNITS),
                   "live": Presentation(units=_MEMORY_UNITS),
-                  "live_by_op": Presentation(title="live at the peak, by op")},
-         headline="xpuprof.ui.headlines:memory"),
+                  "live_by_op": Presentation(title="live at the peak, by op")}),
     Tool("comm", "xpuprof.analysis.comm:collectives",
          "Communication: collectives with bus bandwidth, overlap with compute, cross-rank "
          "skew.",
          options=(Option("align", "Clock alignment: auto, none, end.", "auto"),),
          present={"collectives": Presentation(units=_COMM_UNITS),
                   "summary": Presentation(units=_COMM_UNITS),
-                  "skew": Presentation(units=_COMM_UNITS)},
-         headline="xpuprof.ui.headlines:comm"),
+                  "skew": Presentation(units=_COMM_UNITS)}),
     Tool("critical-path", "xpuprof.analysis.critical_path:critical_path",
          "The critical path through host and device events, each segment attributed.",
          options=(Option("annotation", "Window: host spans named so."),
@@ -484,8 +470,7 @@ TOOLS: tuple[Tool, ...] = (
                                                  ("percent", "%"))),
                   "path": Presentation(title="critical path, segment by segment",
                                        units=(("start", "ts"), ("end", "ts"),
-                                              ("duration", "ns"), ("weight", "ns")))},
-         headline="xpuprof.ui.headlines:critical_path"),
+                                              ("duration", "ns"), ("weight", "ns")))}),
     Tool("diff", "xpuprof.analysis.diff:diff",
          "The step-time delta between two traces split into where the time goes, then the "
          "ops and kernels added, removed and changed.",

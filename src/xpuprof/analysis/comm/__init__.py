@@ -30,6 +30,7 @@ from xpuprof.analysis.comm.overlap import OVERLAP_COLUMNS, overlap
 from xpuprof.analysis.comm.skew import ALIGN, skew
 from xpuprof.analysis.common import Result, where_clause
 from xpuprof.core.errors import XpuprofError
+from xpuprof.core.text import human_time
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -42,12 +43,14 @@ __all__ = [
     "BUSBW_FACTOR",
     "COLUMNS",
     "COMM_DTYPE_SIZE",
+    "LATE_FLOOR_NS",
     "PROTOCOLS",
     "SUMMARY_COLUMNS",
     "WHOLE_GROUP",
     "XLA_SIZE",
     "collective_waits",
     "collectives",
+    "headline",
     "kernel_parts",
     "normalize_collective",
 ]
@@ -58,6 +61,10 @@ COLUMNS = ["rank", "part", "participant", "device", "stream", "id", "ts", "dur",
            "overlap_ns", "overlap_pct", "name"]  # fmt: skip
 SUMMARY_COLUMNS = ["participant", "rank", "collective", "count", "bytes", "time_ns", "algbw",
                    "busbw", "overlap_pct", "algorithms", "protocols"]  # fmt: skip
+
+#: How late a participant must arrive, on average, for the headline to name it as the
+#: straggler: below this, arriving last is noise (launch jitter, clock alignment error).
+LATE_FLOOR_NS = 50_000
 
 
 def collectives(
@@ -75,7 +82,8 @@ def collectives(
     participants ``clock`` (the offsets applied), ``skew`` (one row per matched collective) and
     ``stragglers`` (per participant). ``align``: ``"auto"``, ``"none"`` or ``"end"``. ``steps``
     keeps the collectives and compute kernels of those profiler steps (a device event's step is
-    its launch's); ``steps="drop-last"`` is HTA's window.
+    its launch's); ``steps="drop-last"`` is HTA's window. Facts: ``headline``
+    (:func:`headline`), when there is collective time.
     """
     if align not in ALIGN:
         raise XpuprofError(f"align={align!r}: expected 'auto', 'none' or 'end'")
@@ -107,7 +115,36 @@ def collectives(
         skew_tables, skew_notes = skew(trace, out, align)
         tables.update(skew_tables)
         notes += skew_notes
-    return Result(tables=tables, notes=notes)
+    line = headline(tables)
+    return Result(tables=tables, notes=notes, facts={"headline": line} if line else {})
+
+
+def headline(tables: dict[str, pd.DataFrame]) -> str | None:
+    """The communication in one sentence (from :func:`collectives`' tables): time in
+    collectives per participant, calls, the largest type's share, the share hidden under
+    compute, and — with more than two participants — the one last to arrive at half the
+    collectives or more, when it is at least :data:`LATE_FLOOR_NS` late on average."""
+    s = tables.get("summary")
+    if s is None or not len(s) or not s.time_ns.sum():
+        return None
+    n = s.participant.nunique()
+    by = s.groupby("collective").time_ns.sum().sort_values(ascending=False)
+    who = "rank" if s["rank"].notna().all() else "participant"
+    line = (f"Collectives take {human_time(s.time_ns.sum() / n)} per {who} "
+            f"({int(s['count'].sum() / n):,} calls; {by.index[0]} {by.iloc[0] / by.sum():.0%} "
+            "of that time)")  # fmt: skip
+    o = tables.get("overlap")
+    if o is not None and len(o) and o.comm_time_ns.sum():
+        line += f", {o.overlapped_ns.sum() / o.comm_time_ns.sum():.0%} hidden under compute"
+    st = tables.get("stragglers")
+    if st is not None and len(st) and n > 2:
+        last = st.loc[st.times_last.idxmax()]
+        if last.share_last_pct >= 50 and last.mean_late_ns >= LATE_FLOOR_NS:
+            name = f"rank {last['rank']}" if who == "rank" else str(last.participant)
+            line += (f"; {name} is the last to arrive at {int(last.times_last)} of "
+                     f"{int(last.collectives)} collectives ({human_time(last.mean_late_ns)} "
+                     "late on average)")  # fmt: skip
+    return line
 
 
 WAIT_COLUMNS = ["part", "rank", "participant", "id", "ts", "dur", "collective", "process_group",
