@@ -266,6 +266,20 @@ def test_long_kernel_names_short_by_default_full_with_wide() -> None:
     assert records(res.tables["kernels"])[0]["name"] == full  # --json keeps the name whole
 
 
+def test_names_too_long_for_the_terminal_are_cut_in_the_middle() -> None:
+    """Two op names that differ only at their end stay apart at 40 columns: the cell keeps the
+    start and the end of each, joined by one ellipsis, and is no wider than its column."""
+    fwd = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    rows = [{"name": fwd, "self_ns": 12_360_000}, {"name": fwd + "_backward", "self_ns": 10}]
+    text = _render(Result(tables={"ops": rows}), 40)
+    cells = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
+    assert len(cells) == 2 and cells[0] != cells[1], cells
+    assert cells[0].startswith("aten::_") and cells[0].endswith("for_cpu") and "…" in cells[0]
+    assert cells[1].endswith("_backward") and "…" in cells[1]
+    assert all(len(line) <= 40 for line in text.splitlines())
+    assert fwd + "_backward" in _render(Result(tables={"ops": rows}), 40, wide=True)
+
+
 def test_units_by_hand() -> None:
     """3 GiB = 3 · 2^30 bytes; 12.5e9 B/s = 12.5 GB/s; 3.2e14 FLOP/s = 320 TFLOP/s; a
     fraction 0.125 = 12.5 %; 1.5e6 ns = 1.5 ms; 2_500 µs (a ``_us`` column) = 2.5 ms."""

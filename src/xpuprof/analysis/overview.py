@@ -123,7 +123,11 @@ def overview(
         res.notes.append("no device events: a CPU run; the host's framework ops are its compute")
     res.tables["steps"] = per_step
     dx = _diagnosis(trace, ranks, steps)
-    summary = _summary(per_step, host_only, _memory_shares(trace, ranks, steps), dx)
+    # the roofline tells memory- from compute-bound device work: needed (and paid for) only
+    # on ranks whose critical path is mostly device compute
+    computing = [k for k, v in _bottlenecks(dx).items() if v == "compute" and k is not None]
+    shares = _memory_shares(trace, computing, steps) if computing and not host_only else {}
+    summary = _summary(per_step, host_only, shares, dx)
     res.tables["summary"] = summary
     res.tables["top_ops"], res.tables["top_kernels"] = _top(trace, ranks, steps, top)
     res.facts = {"ranks": len(summary), "steps": 0, "host_only": False}
