@@ -260,6 +260,6 @@ def test_op_and_layer_stats_of_a_hand_written_trace(hand) -> None:
     # 492 µs summed in ``want`` (28%); the most kernel time gemm_k1's 100 of the 180 µs of
     # kernels (k1 100 + k2 20 + k3 10 + k5 50; the memset is not a kernel): 56%
     assert stats(hand).facts["headline"] == (
-        "Most op self time in aten::addmm (140 µs, 28% of all, 1 calls); most device time in "
-        "gemm_k1 (100 µs, 56% of all, 1 calls)"
+        "Most op self time in aten::addmm (140 µs, 28% of all, 1 call); most device time in "
+        "gemm_k1 (100 µs, 56% of all, 1 call)"
     )

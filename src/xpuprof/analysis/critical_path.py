@@ -117,7 +117,8 @@ def headline(summary: pd.DataFrame) -> str | None:
     if not len(totals) or not totals.time.max():
         return None
     top = totals.loc[totals.time.idxmax()]
-    mine = s[(s.part == top.part) & (s.attribution != "total") & (s.time > 0)]
+    # shares that round to 0% say nothing: left out
+    mine = s[(s.part == top.part) & (s.attribution != "total") & (s.percent >= 0.5)]
     parts = ", ".join(
         f"{r.percent:.0f}% {ATTRIBUTION_WORDS.get(r.attribution, r.attribution)}"
         for r in mine.sort_values("time", ascending=False).head(3).itertuples()

@@ -20,7 +20,7 @@ import pandas as pd
 from xpuprof.analysis.common import Result, StepSelection
 from xpuprof.analysis.device import DeviceWork, device_work, out_rank
 from xpuprof.analysis.hta import HTA_IDLE_CATEGORIES
-from xpuprof.core.text import human_time
+from xpuprof.core.text import human_time, plural
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -460,4 +460,6 @@ def headline(breakdown: pd.DataFrame) -> str | None:
     total = float(by.sum())
     streams = len(t.drop_duplicates(["rank", "device", "stream"]))
     parts = ", ".join(f"{v / total:.0%} {IDLE_WORDS.get(k, k)}" for k, v in by.items() if v)
-    return f"Device streams are idle {human_time(total)} in all ({streams} streams): {parts}"
+    return (
+        f"Device streams are idle {human_time(total)} in all ({plural(streams, 'stream')}): {parts}"
+    )

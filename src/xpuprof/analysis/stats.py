@@ -16,7 +16,7 @@ import pandas as pd
 from xpuprof.analysis.common import DEVICE_LEVELS, Result, select_rows, steps_mask, where_clause
 from xpuprof.analysis.hierarchy import BACKWARD, FORWARD, Ancestry, attribute, resolve
 from xpuprof.core.errors import XpuprofError
-from xpuprof.core.text import human_time, short_name
+from xpuprof.core.text import human_time, plural, short_name
 from xpuprof.trace.tree import chain_pairs, outermost, roll_up
 
 if TYPE_CHECKING:
@@ -464,7 +464,7 @@ def headline(ops: pd.DataFrame | None, kernels: pd.DataFrame | None) -> str | No
             r = df.loc[df[col].idxmax()]
             said.append(
                 f"most {what} time in {short_name(str(r['name']))} ({human_time(r[col])}, "
-                f"{r[col] / df[col].sum():.0%} of all, {int(r['count']):,} calls)"
+                f"{r[col] / df[col].sum():.0%} of all, {plural(int(r['count']), 'call')})"
             )
     line = "; ".join(said)
     return line[:1].upper() + line[1:] if line else None

@@ -25,6 +25,12 @@ def number(v: float) -> str:
     return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
 
 
+def plural(n: int, word: str) -> str:
+    """``1 call``, ``2 calls``, ``1,024 streams``: the count with the word, plural when not
+    one (English ``-s`` plurals only: the words headlines count)."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def human_bytes(n: float) -> str:
     """``1536`` → ``1.5 KiB``."""
     scale, unit = next((s, u) for s, u in reversed(BYTE_UNITS) if abs(n) >= s or u == "B")

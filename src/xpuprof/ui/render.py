@@ -34,7 +34,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from xpuprof.core.result import Presentation, Result, Table
-from xpuprof.core.text import human_bytes, human_time  # noqa: F401  (re-exported)
+from xpuprof.core.text import BYTE_UNITS, TIME_UNITS, human_bytes, human_time, number  # noqa: F401
 from xpuprof.ui.text import merge_notes, ranges_text, short_name  # noqa: F401  (re-exported)
 
 #: Text columns with a longer value keep one line per row, cut short; shorter ones wrap.
@@ -50,9 +50,8 @@ KEY_VALUE_MAX = 3
 UNIT_LIMIT = 10_000
 
 _TIME = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
-_TIME_UNITS = ((1.0, "ns"), (1e3, "µs"), (1e6, "ms"), (1e9, "s"))
-_BYTE_UNITS = ((1.0, "B"), (1024.0, "KiB"), (1024.0**2, "MiB"), (1024.0**3, "GiB"),
-               (1024.0**4, "TiB"))  # fmt: skip
+_TIME_UNITS = TIME_UNITS
+_BYTE_UNITS = BYTE_UNITS
 _RATE_UNITS = tuple((10.0 ** (3 * i), p + "B/s") for i, p in enumerate(("", "K", "M", "G", "T")))
 _FLOP_UNITS = tuple((10.0 ** (3 * i), p + "FLOP") for i, p in enumerate(("", "K", "M", "G", "T",
                                                                           "P")))  # fmt: skip
@@ -105,13 +104,7 @@ def _missing(v: Any) -> bool:
         return False
 
 
-def _number(v: float) -> str:
-    """Four significant digits, thousands separated, never an exponent."""
-    if v == 0:
-        return "0"
-    if abs(v) < 0.001:
-        return "<0.001" if v > 0 else ">-0.001"
-    return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+_number = number
 
 
 def _is_bool(v: Any) -> bool:
