@@ -330,3 +330,29 @@ def test_own_capture_takes_the_rank_of_its_process(tmp_path, monkeypatch, env) -
         assert (src["rank"], src["rank_from"]) == want
         assert src["steps_from"] == "xpuprof.step"
         assert t.sql("select count(*) as n from events where rank is null")["n"][0] == 0
+
+
+def test_every_tool_says_when_its_steps_are_not_profiler_steps(tmp_path) -> None:
+    """Inferred steps are the unit of every answer, so each tool that selects steps says what
+    they are; a trace with ProfilerStep#N gets no such note, and a multi-rank store whose
+    sources disagree names the ranks."""
+    from xpuprof.ui import tools
+
+    inferred = TraceBuilder(rank=0)
+    for t0 in (0, 100, 200):
+        inferred.op("aten::linear", t0 + 10, 20)
+        inferred.annotation("Optimizer.step#SGD.step", t0 + 70, 20)
+    profiled = TraceBuilder(rank=1)
+    profiled.step(3, 0, 100)
+    profiled.op("aten::linear", 10, 20)
+    paths = [inferred.write(tmp_path / "a.json"), profiled.write(tmp_path / "b.json")]
+    xpuprof.import_traces(paths, tmp_path / "both.store")
+    says = "steps inferred from Optimizer.step spans"
+    with xpuprof.load(tmp_path / "both.store") as t:
+        for name in ("overview", "breakdown", "stats", "input", "critical-path", "idle"):
+            notes = tools.run(name, t, ranks=[0]).notes
+            assert sum(n.startswith(says) for n in notes) == 1, (name, notes)
+            assert not any("steps inferred" in n for n in tools.run(name, t, ranks=[1]).notes)
+        both = [n for n in tools.run("overview", t).notes if n.startswith(says)]
+        assert both == [both[0]] and both[0].endswith("(rank 0)")
+        assert not any("steps inferred" in n for n in tools.run("info", t).notes)

@@ -261,6 +261,43 @@ def _plural(word: str, n: int) -> str:
     return word if n == 1 else word + "s"
 
 
+#: What each ``steps_from`` of the manifest (``trace.normalize.steps.STEPS_FROM``) means, for
+#: the note every tool adds when a trace's steps are not torch.profiler's ``ProfilerStep#N``.
+STEPS_FROM_WORDS = {
+    "XLA step marker": "steps from XLA's step markers (step_num)",
+    "xpuprof.step": "steps from xpuprof.step spans",
+    "step spans": "steps from the reader's step spans",
+    "Optimizer.step": "steps inferred from Optimizer.step spans, each from the end of one "
+    "optimizer update to the end of the next (no ProfilerStep#N in the trace; docs/steps.md)",
+    "XLA module runs": "steps inferred from the device's runs of its most frequent XLA program "
+    "(no step markers in the trace; docs/steps.md)",
+    "forward calls": "steps inferred from the model's top-level forward calls, each from the "
+    "start of one to the start of the next (no ProfilerStep#N in the trace; docs/steps.md)",
+}
+
+
+def steps_from_notes(trace: Trace, *, ranks: Iterable[int] | None = None) -> list[str]:
+    """Where the selected ranks' steps come from, as notes, when it is not torch.profiler's
+    ``ProfilerStep#N`` (and there are steps): an inferred "step" is an answer's unit, so
+    every tool says what it is (docs/steps.md). One note per kind, naming the ranks when the
+    store's sources disagree."""
+    want = None if ranks is None else {int(r) for r in ranks}
+    by: dict[str, set[int]] = {}
+    kinds = set()
+    for src in trace.sources:
+        if want is not None and src.get("rank") not in want:
+            continue
+        kind = src.get("steps_from") or "none"
+        kinds.add(kind)
+        if kind in STEPS_FROM_WORDS:
+            by.setdefault(kind, set()).add(int(src.get("rank") or 0))
+    notes = []
+    for kind, on in by.items():
+        who = f" (rank{'s' if len(on) > 1 else ''} {number_ranges(sorted(on))})"
+        notes.append(STEPS_FROM_WORDS[kind] + (who if len(kinds) > 1 else ""))
+    return notes
+
+
 def selection_notes(
     trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None
 ) -> tuple[list[str], bool]:

@@ -178,6 +178,11 @@ def run(name: str, *traces: Trace, **options: Any) -> Result:
     res = tool.function()(*traces, **kw)
     # an empty store: the tool's own notes would only guess at why it found nothing
     res.notes[:] = found + [n for n in res.notes if n not in found] if anything else found
+    if tool.common and len(traces) == 1 and anything:  # what a "step" is, when not ProfilerStep
+        from xpuprof.analysis.common import steps_from_notes
+
+        res.notes += [n for n in steps_from_notes(traces[0], ranks=kw.get("ranks"))
+                      if n not in res.notes]  # fmt: skip
     for table, hint in tool.present.items():
         if table in res.tables:
             res.present.setdefault(table, hint)
