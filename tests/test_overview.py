@@ -107,3 +107,27 @@ def test_overview_of_the_shipped_real_trace(tmp_path) -> None:
     parts = res["steps"][[c for c in res["steps"].columns if c.endswith("_ns") and
                           c != "step_ns"]].sum(axis=1)  # fmt: skip
     assert (parts == res["steps"].step_ns).all()  # the parts add up to each step
+
+
+def test_a_tpu_host_has_one_row_per_chip(tmp_path) -> None:
+    """The 4-chip TPU v6e XPlane file is one rank (one host process drives its chips) whose
+    steps lie on each chip's own line: the overview gives one row per chip, each measured on
+    that chip's steps and work, not the four merged into one row of 396 "steps"."""
+    from conftest import shared
+
+    xpuprof.import_traces([shared("xplane/tpu_v6e_4chip_inference.xplane.pb")], tmp_path / "s")
+    with xpuprof.load(tmp_path / "s") as t:
+        res = overview(t)
+        want = t.sql(
+            "select device, count(*) as n, avg(dur) / 1e6 as mean_ms from events "
+            "where level = 'step' group by device order by device"
+        )
+        s = res["summary"].sort_values("device")
+        assert s.device.tolist() == want.device.tolist() == [0, 1, 2, 3]
+        assert s.steps.tolist() == want.n.tolist() == [99] * 4
+        assert s.step_ms_mean.tolist() == pytest.approx(want.mean_ms.tolist())
+        parts = [c for c in s.columns if c.endswith("_fraction")]
+        assert s[parts].sum(axis=1).tolist() == pytest.approx([1.0] * 4)
+        steps = res["steps"]
+        assert len(steps) == 396 and steps.groupby("device").step.nunique().tolist() == [99] * 4
+        assert res.present["summary"].label == "device"

@@ -12,6 +12,9 @@ XLA's async copies are copies):
 * **input** — the device is idle while the host is in an input span (``analysis.inputs``);
 * **host-bound idle** — the device is idle otherwise: the host did not feed it in time.
 
+Where the steps lie on device lines (XLA module runs on each chip of a TPU host, which one
+process drives as one rank), each device is its own row: its steps, measured on its own work.
+
 A rank without device events is a CPU run: the host's framework ops are its compute and the
 same rules apply to them (column ``host_only`` of the summary, and a note).
 
@@ -42,6 +45,7 @@ from xpuprof.analysis.common import (
     work_class,
 )
 from xpuprof.core.errors import XpuprofError
+from xpuprof.core.result import Presentation
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
@@ -101,7 +105,8 @@ def overview(
     res = Result()
     w = where_clause(ranks, steps)
     step_rows = trace.sql(
-        f"select rank, step, ts, dur from events where level = 'step' and {w} order by rank, ts"
+        "select rank, device, step, ts, dur from events where level = 'step' and "
+        f"{w} order by rank, device, ts"
     )
     if step_rows.empty:
         res.notes.append(
@@ -113,7 +118,8 @@ def overview(
             f"from events where {w} group by rank"
         )
         span["step"] = pd.array([pd.NA] * len(span), dtype="Int64")  # no step: shown as "-"
-        step_rows = span[["rank", "step", "ts", "dur"]]
+        span["device"] = -1
+        step_rows = span[["rank", "device", "step", "ts", "dur"]]
         if step_rows.empty:
             res.notes.append("no events selected: nothing to summarise")
             res.facts = {"ranks": 0, "steps": 0, "host_only": False}
@@ -129,6 +135,8 @@ def overview(
     shares = _memory_shares(trace, computing, steps) if computing and not host_only else {}
     summary = _summary(per_step, host_only, shares, dx)
     res.tables["summary"] = summary
+    if "device" in summary:  # one column per device: name them by it, not by their one rank
+        res.present["summary"] = Presentation(layout="transpose", label="device", all_rows=True)
     res.tables["top_ops"], res.tables["top_kernels"] = _top(trace, ranks, steps, top)
     res.facts = {"ranks": len(summary), "steps": 0, "host_only": False}
     if len(summary):
@@ -157,18 +165,25 @@ def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFra
     """The breakdown of each step window, and the ranks without device events (keys as
     :func:`_rank_key`)."""
     ev = trace.sql(
-        "select rank, level, name, ts, dur from events where dur is not null "
+        "select rank, device, level, name, ts, dur from events where dur is not null "
         f"and level in ('kernel', 'collective', 'memcpy', 'memset', 'op') and {w}"
     )
+    # steps on device lines (XLA module runs on each chip of a TPU host): each device's steps
+    # are measured on that device's work alone, one row per device and step
+    per_device = bool((step_rows["device"] >= 0).any())
     inp = _input_spans(trace, w)
     ev_rank = ev["rank"].fillna(-1)
     inp_rank = inp["rank"].fillna(-1)
     rows = []
     host_only: set[int] = set()
-    for rank, rsteps in step_rows.groupby("rank", dropna=False):
+    units = ["rank", "device"] if per_device else ["rank"]
+    for unit, rsteps in step_rows.groupby(units, dropna=False):
+        rank = unit[0]
         key = _rank_key(rank)
         re_ = ev[ev_rank == key]
         dev = re_[re_.level.isin(DEVICE_LEVELS)]
+        if per_device and unit[1] >= 0:
+            dev = dev[dev.device == unit[1]]
         if dev.empty:
             host_only.add(key)
             dev = re_[re_.level == "op"]
@@ -182,7 +197,8 @@ def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFra
         for st in rsteps.itertuples(index=False):
             t0, t1 = int(st.ts), int(st.ts + st.dur)
             parts = _step_parts(t0, t1, groups, inputs)
-            rows.append({"rank": rank, "step": st.step, "step_ns": t1 - t0,
+            rows.append({"rank": rank, **({"device": unit[1]} if per_device else {}),
+                         "step": st.step, "step_ns": t1 - t0,
                          **{f"{p}_ns": parts[p] for p in PARTS}})  # fmt: skip
     return pd.DataFrame(rows), host_only
 
@@ -214,15 +230,19 @@ def _summary(
     per_step: pd.DataFrame, host_only: set[int], shares: dict[int | None, float],
     dx: Result | None,
 ) -> pd.DataFrame:  # fmt: skip
-    """One row per rank: step statistics, the fractions of the parts, the bottleneck."""
+    """One row per rank (per rank and device, where steps are on device lines): step
+    statistics, the fractions of the parts, the bottleneck."""
     tops = _bottlenecks(dx)
     summary = []
-    for rank, g in per_step.groupby("rank", dropna=False):
+    units = ["rank", "device"] if "device" in per_step else ["rank"]
+    for unit, g in per_step.groupby(units, dropna=False):
+        rank = unit[0]
         total = g.step_ns.sum()
         frac = {p: g[f"{p}_ns"].sum() / total if total else 0.0 for p in PARTS}
         cpu = _rank_key(rank) in host_only
         row = {
             "rank": rank,
+            **({"device": unit[1]} if len(units) > 1 else {}),
             "steps": len(g),
             "step_ms_mean": g.step_ns.mean() / 1e6,
             "step_ms_p50": g.step_ns.median() / 1e6,

@@ -273,6 +273,7 @@ def overview(
         tables={k: ov.tables[k] for k in order if k in ov.tables} | adv.tables,
         notes=ov.notes + adv.notes,
         facts=ov.facts | adv.facts,
+        present=ov.present | adv.present,
     )
 
 
