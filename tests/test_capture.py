@@ -334,8 +334,10 @@ from xpuprof.workloads.demo import Trainer
 
 trainer = Trainer(layers=1, d=32, seq=16)
 trainer.step()
-for k in range(2):  # twice: Kineto's lines come at every start and stop
-    with xpuprof.profile(sys.argv[1] + str(k), level="op", model=trainer.model,
+# twice: Kineto's lines come at every start and stop; "full" profiles memory (torch's
+# allocator warns, once, when a block allocated before profiling is freed)
+for k, level in enumerate(("op", "full")):
+    with xpuprof.profile(sys.argv[1] + str(k), level=level, model=trainer.model,
                          backward_layers=True):
         for i in range(2):
             xpuprof.step(i)
@@ -350,7 +352,8 @@ trainer.step()
 
 def test_capture_is_quiet_and_leaves_the_users_warnings_alone(tmp_path) -> None:
     """``xpuprof.profile`` prints nothing of its own on stderr: no Kineto lines (``USDT:…
-    profiler_start``), no warning about the backward hooks it installs (the model's first
+    profiler_start``), no line of torch's allocator about blocks allocated before memory
+    profiling began, no warning about the backward hooks it installs (the model's first
     layer has no input that needs a gradient); the user's own warnings still show, during
     the capture and after it, and the environment is left as it was."""
     proc = subprocess.run([sys.executable, "-W", "default", "-c", _QUIET, str(tmp_path / "q")],

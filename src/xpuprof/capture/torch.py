@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 import threading
 import time
 import warnings
@@ -352,8 +353,10 @@ class TorchProfiler:
             profile_memory=self.profile_memory,
             with_stack=self.with_stack,
         )
+        spent = [require_torch().empty(1)] if self.profile_memory else []
         with quiet_kineto():
             p.__enter__()
+        spend_unknown_block_warning(spent)
         self._prof = p
         self._steps = 0
         _add_distributed_info()
@@ -401,6 +404,42 @@ def quiet_kineto() -> Iterator[None]:
     finally:
         if mine:
             os.environ.pop("KINETO_LOG_LEVEL", None)
+
+
+#: Whether torch's once-per-process allocator warning has been spent (see below).
+_UNKNOWN_BLOCK = {"spent": False}
+
+
+def spend_unknown_block_warning(blocks: list[Any]) -> None:
+    """With memory profiling on, torch's CPU allocator writes one C++ line to stderr
+    ("Memory block of unknown size was allocated before the profiling started …") the first
+    time in the process a block allocated before profiling is freed: which is always, as
+    every model's weights were. It is said about profiling xpuprof switched on, once per
+    process, and is not something the user can act on. So the first time, xpuprof frees one
+    block of its own (``blocks``, allocated before the profiler started) while file
+    descriptor 2 points at /dev/null for that one deallocation (microseconds), which spends
+    torch's once-only warning; every later line of the job reaches stderr as before."""
+    if _UNKNOWN_BLOCK["spent"] or not blocks:
+        blocks.clear()
+        return
+    _UNKNOWN_BLOCK["spent"] = True
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no stderr to protect: free it plainly
+        blocks.clear()
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, 2)
+            blocks.clear()  # the last reference: torch frees the block here
+        finally:
+            os.dup2(saved, 2)
+            os.close(null)
+    finally:
+        blocks.clear()
+        os.close(saved)
 
 
 def _add_distributed_info() -> None:
