@@ -226,6 +226,7 @@ def test_host_cpu_bound_framework_work_on_a_gpu(tmp_path) -> None:
         assert per_step(t, "cpu") >= 800_000
         rec = advice(t)[2].set_index("rule").loc["host-cpu-bound"]
         assert "aten::index" in rec.evidence
+        assert "optimizer" not in rec.recommendation  # no optimizer runs in this trace
 
 
 def test_one_slow_allocation_is_not_per_op_overhead(tmp_path) -> None:
@@ -260,9 +261,9 @@ def _coll(n_bytes: int) -> dict:
             "Process Group Name": "0", "Process Group Ranks": "[0, 1]"}  # fmt: skip
 
 
-def two_ranks(tmp_path, late_by: float):
-    """Two ranks (files) of one job on one host: rank 0 reaches the all-reduce at 100 µs,
-    rank 1 after ``late_by`` more µs of GEMM; both all-reduces end at 700 µs."""
+def two_ranks(tmp_path, late_by: float, n_bytes: int = 64 << 20):
+    """Two ranks (files) of one job on one host: rank 0 reaches the all-reduce of ``n_bytes``
+    at 100 µs, rank 1 after ``late_by`` more µs of GEMM; both all-reduces end at 700 µs."""
     paths = []
     for rank in (0, 1):
         tb = TraceBuilder(rank=rank, world_size=2, device_properties=A100)
@@ -277,7 +278,7 @@ def two_ranks(tmp_path, late_by: float):
             700 - arrive,
             launch_ts=35,
             stream=9,
-            **_coll(64 << 20),
+            **_coll(n_bytes),
         )
         tb.op("aten::add", 760, 20)
         paths.append(tb.write(tmp_path / f"rank{rank}.json"))
@@ -299,6 +300,23 @@ def test_ranks_that_arrive_together_move_data_instead(tmp_path) -> None:
         assert per_step(t, "comm_wait") == 0
         assert "late-rank" not in advice(t)[1]
         assert per_step(t, "communication") == 600_000  # [100, 700) moving data
+
+
+def test_an_all_reduce_near_the_link_peak_is_bandwidth_bound(tmp_path) -> None:
+    # 128 MiB all-reduced by 2 ranks in 600 µs: bus bandwidth = 134217728 B * 2(n-1)/n
+    # / 600 µs = 223.7 GB/s, 75 % of an A100's 300 GB/s one-way NVLink (600 GB/s both ways)
+    with two_ranks(tmp_path, late_by=0, n_bytes=128 << 20) as t:
+        rec = advice(t)[2].set_index("rule").loc["communication"]
+        assert "(bandwidth-bound)" in rec.finding and "Send fewer bytes" in rec.recommendation
+        assert "bus bandwidth 223.7 GB/s of a 300 GB/s one-way link (75%)" in rec.evidence
+
+
+def test_small_all_reduces_are_latency_bound(tmp_path) -> None:
+    # 256 KiB in 600 µs: 0.4 GB/s, far below the link, and below 1 MiB: a fixed cost per call
+    with two_ranks(tmp_path, late_by=0, n_bytes=256 << 10) as t:
+        rec = advice(t)[2].set_index("rule").loc["communication"]
+        assert "latency-bound (small messages)" in rec.finding
+        assert "coalesce" in rec.recommendation and "median message 256 KiB" in rec.evidence
 
 
 # ----------------------------------------------------------------------- platforms, noise
@@ -335,6 +353,71 @@ def test_mtia_gets_no_cuda_words_and_dma_is_memory(tmp_path) -> None:
         recs = advice(t)[2]
         assert not recs.recommendation.str.contains(VENDOR_WORDS).any()
         assert "launch-overhead" not in set(recs.rule)
+
+
+def test_devices_of_one_rank_are_judged_one_by_one(tmp_path) -> None:
+    # one rank, two GPUs, no launch links (each device's timeline is its own path), one
+    # 1000 µs step: GPU 0 computes [0, 400); GPU 1 copies [0, 700) (two overlapping copies,
+    # [0, 700) and [100, 600): 700 µs once, not 1200) and computes [700, 800). Merged, the
+    # two would read as compute 500 µs and copies 300 µs; per device, GPU 1 works longest
+    # (800 µs) and its bottleneck is the copies: 700 µs per step (70 %)
+    tb = TraceBuilder(rank=0, device_properties=[{**A100[0], "id": 0}, {**A100[0], "id": 1}])
+    tb.step(0, 0, 1000)
+    tb.kernel("gemm_a", 0, 400, device=0)
+    tb.memcpy("Memcpy HtoD (Pinned -> Device)", 0, 700, device=1, stream=8)
+    tb.memcpy("Memcpy HtoD (Pinned -> Device)", 100, 500, device=1, stream=9)
+    tb.kernel("gemm_b", 700, 100, device=1)
+    with tb.load(tmp_path) as t:
+        dx = diagnosis(t)
+        assert sorted(set(dx["steps"].device)) == [0, 1]
+        assert dx.facts["bottleneck"] == "memcpy" and dx.facts["bottleneck_device"] == 1
+        assert dx.facts["bottleneck_ns_per_step"] == 700_000
+        assert dx.facts["headline"] == (
+            "Bottleneck: memory copies 700 µs per step (70%), most in "
+            "`Memcpy HtoD (Pinned -> Device)`, rank 0, GPU 1 (busiest of 2), step 0"
+        )
+        rec = advice(t)[2].set_index("rule").loc["memory-copies"]
+        assert rec["device"] == 1 and rec.path_ms_per_step == pytest.approx(0.7)
+
+
+def test_a_device_side_event_wait_is_what_it_waits_for(tmp_path) -> None:
+    # MTIA: stream 2 waits [10, 800) for an event of stream 1, whose kernel `merge` computes
+    # [0, 800); then stream 2 runs `pe_exe` [800, 900). The wait is no work: the path
+    # charges [10, 800) to `merge` (compute), never to `event_wait`
+    tb = TraceBuilder(rank=0, device_properties=[{"id": 0, "name": "ARTEMIS"}])
+    tb.step(0, 0, 1000)
+    tb.op("aten::linear", 0, 20)
+    for name, ts, dur, stream, at in (("merge", 0, 800, 1, 1), ("event_wait", 10, 790, 2, 2),
+                                      ("pe_exe", 800, 100, 2, 3)):  # fmt: skip
+        tb.launch(name, ts, dur, launch_ts=at, launch_dur=1, stream=stream,
+                  call="runFunction", cat="mtia_ccp_events")  # fmt: skip
+    for e in tb.events:
+        if e.get("cat") == "cuda_runtime":
+            e["cat"] = "mtia_runtime"
+    with tb.load(tmp_path) as t:
+        dx = diagnosis(t)
+        assert "event_wait" not in set(dx["events"].name)
+        assert dx.facts["bottleneck"] == "compute"
+        assert dx.facts["headline"].startswith("Bottleneck: device compute")
+        assert "most in `merge`" in dx.facts["headline"]
+
+
+def test_a_trace_without_steps_speaks_of_the_trace(tmp_path) -> None:
+    # no step span: the window is the trace [0, 1000); the host loads input [0, 600) while
+    # the device idles, then one GEMM runs. Every sentence says "of the trace", none "step"
+    from xpuprof.analysis.overview import overview
+
+    tb = TraceBuilder(rank=0, device_properties=A100)
+    tb.op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 600)
+    tb.op("aten::mm", 600, 20)
+    tb.launch("ampere_sgemm_128x64_tn", 615, 385, launch_ts=602)
+    with tb.load(tmp_path) as t:
+        res = advise(t, overview_result=overview(t))
+        recs = res["recommendations"]
+        assert recs.rule.iloc[0] == "input-bound"
+        text = " ".join(recs[c].str.cat(sep=" ") for c in ("finding", "evidence", "saving"))
+        assert "of the trace" in text and "step" not in text
+        assert "of the trace" in res.facts["headline"] and "step" not in res.facts["headline"]
 
 
 def test_every_rule_declares_its_devices() -> None:
@@ -430,6 +513,12 @@ def test_a100_multi_stream_sync_waits_on_untraced_host_code(real) -> None:
     facts, rules, _ = advice(t)
     assert facts["bottleneck"] == "outside_ops" and per_step(t, "outside_ops") >= gap
     assert rules[0] == "host-untraced"
+    # evidence: three cudaMalloc calls, 692 µs together, with nothing on the device: the
+    # allocator rule fires (its bound at most those calls' time)
+    malloc = one(t, "select sum(dur) from events where name = 'cudaMalloc'")
+    assert malloc == 692_000 and "allocator" in rules
+    rec = advice(t)[2].set_index("rule").loc["allocator"]
+    assert rec.saved_ms_per_step * 1e6 <= malloc
 
 
 @pytest.mark.parametrize("name", ["a100_alexnet_cuda_sync", "a100_simple_add"])
@@ -480,6 +569,17 @@ def test_a100_ddp_rank_is_host_bound(real) -> None:
     facts, rules, _ = advice(t)
     assert facts["bottleneck"] == "cpu" and rules[0] == "host-cpu-bound"
     assert "device-bound" not in rules
+    # evidence: the GEMMs run on tensor cores (TF32 `tensorop`/`xmma` kernels); fp32 SIMT
+    # GEMMs (`sgemm` without them) are 0.17 ms of 115.7 ms of kernels: below the floor
+    simt = one(t, "select sum(dur) from events where level = 'kernel' and regexp_matches("
+                  "lower(name), 'gemm') and not regexp_matches(lower(name), "
+                  "'tensorop|tf32|xmma')")  # fmt: skip
+    assert simt < 200_000 and "fp32-gemm" not in rules
+    # evidence: the optimizer already runs foreach ops (`aten::_foreach_add_`), so the advice
+    # is the next step (fused), not what it already does
+    assert one(t, "select count(*) from events where name like 'aten::_foreach_%'") > 0
+    rec = advice(t)[2].set_index("rule").loc["host-cpu-bound"]
+    assert "fused=True" in rec.recommendation and "foreach=True" not in rec.recommendation
 
 
 def test_a100_triton_step_is_mostly_untraced(real) -> None:
@@ -511,6 +611,16 @@ def test_gp100_is_host_bound(real) -> None:
         "host-untraced",
     )
     assert "device-bound" not in rules
+    # evidence: a launch call takes a median 8 µs, its kernel 2 µs, and the kernel starts a
+    # median 1 µs after the call returns: the device waits for each launch (launch-bound
+    # work, not in CUDA graphs)
+    call = one(t, "select median(dur) from events where name = 'cudaLaunchKernel'")
+    kern = one(t, "select median(dur) from events where level = 'kernel'")
+    after = one(t, "select median(k.ts - r.ts - r.dur) from events k join events r on "
+                   "r.correlation = k.correlation and r.level = 'runtime' where "
+                   "k.level = 'kernel'")  # fmt: skip
+    assert (call, kern, after) == (8_000, 2_000, 1_000)
+    assert "launch-overhead" in rules and "launch-first-use" not in rules
 
 
 def test_mi250_one_slow_launch_is_a_first_use(real) -> None:
@@ -609,6 +719,16 @@ def test_resnet50_input_bound_with_no_loader_workers(real, workers, input_bound)
         assert "waiting for input" in facts["headline"]
     else:
         assert "input-bound" not in rules and facts["bottleneck"] == "cpu"
+        # evidence: without pinned memory every batch is copied with a blocking
+        # cudaMemcpyAsync from pageable memory (two a step, 3 ms and more): the host-blocked
+        # rule names it, and its path time is at most those calls' time
+        calls = t.sql("select r.step, r.dur, k.name from events r join events k on "
+                      "k.correlation = r.correlation and k.level = 'memcpy' where "
+                      "r.name = 'cudaMemcpyAsync' and r.step is not null")  # fmt: skip
+        assert (calls.name == "Memcpy HtoD (Pageable -> Device)").all()
+        rec = recs.set_index("rule").loc["host-blocked"]
+        assert "pin_memory" in rec.recommendation and "pageable" in rec.finding
+        assert rec.path_ms_per_step * 1e6 <= calls.dur.sum() / calls.step.nunique()
 
 
 def test_gloo_cpu_rank_spends_its_step_in_all_reduce(real) -> None:
@@ -625,17 +745,110 @@ def test_gloo_cpu_rank_spends_its_step_in_all_reduce(real) -> None:
     assert "gloo" in recs.iloc[0].recommendation
 
 
-def test_tpu_xplane_gets_xla_words_only(real) -> None:
+def clipped_union(df, a: int, b: int) -> int:
+    """Length of the union of the rows' [ts, e) intervals inside [a, b)."""
+    inside = df[(df.e > a) & (df.ts < b)]
+    return union_ns([max(s, a) for s in inside.ts], [min(e, b) for e in inside.e])
+
+
+def test_tpu_each_chip_waits_for_host_offload_copies(real) -> None:
     t = real("xplane/tpu_v6e_4chip_inference.xplane.pb")
-    # evidence: XLA's copy-done ops hold most of each chip's op time
-    copy, ops = t.sql("select sum(dur) filter (where name like 'copy-done%'), sum(dur) from "
-                      "events where level = 'kernel'").iloc[0]  # fmt: skip
-    assert copy / ops > 0.9
-    assert platforms(t).vendor.tolist() == ["tpu"]
+    # evidence 1: the steps are XLA module runs on each chip's own line (99 per chip, none
+    # on the host), and the chips never wait for the host between them: consecutive runs of
+    # jit_f are at most 2 µs apart (dispatch is asynchronous; the host blocks on the device)
+    chips = t.sql("select device, count(*) as n, avg(dur) as mean from events where "
+                  "level = 'step' group by device order by device")  # fmt: skip
+    assert chips.device.tolist() == [0, 1, 2, 3] and (chips.n == 99).all()
+    gap = one(t, "select max(ts - prev) from (select ts, lag(ts + dur) over (partition by "
+                 "device order by ts) as prev from events where level = 'op' and name like "
+                 "'jit_f%')")  # fmt: skip
+    assert gap < 2_000
+    chip = int(chips.sort_values("mean").device.iloc[-1])  # the slowest chip's mean step
+    assert chip == 1
+    # evidence 2: XLA's async copies overlap one another (three in flight at once): their
+    # durations sum to 198 s in a 98 s trace, so a sum of durations counts time twice
+    copies = one(t, "select sum(dur) from events where name = 'async-copy'")
+    span = one(t, "select max(ts + dur) - min(ts) from events")
+    assert copies > 2 * span
+    # evidence 3, per step of that chip by hand: the chip is busy all of it; the fusions
+    # (its only compute) take 3 %, the rest is copy-done ops waiting for the copies
+    steps = t.sql(f"select ts, ts + dur as e from events where level = 'step' and "
+                  f"device = {chip} order by ts")  # fmt: skip
+    work = t.sql(f"select name, ts, ts + dur as e from events where device = {chip} and "
+                 "level in ('kernel', 'memcpy', 'collective') and dur > 0")  # fmt: skip
+    fusions = work[~work.name.str.startswith(("copy-", "async-copy"))]
+    busy = [clipped_union(work, a, b) for a, b in zip(steps.ts, steps.e, strict=True)]
+    comp = [clipped_union(fusions, a, b) for a, b in zip(steps.ts, steps.e, strict=True)]
+    step_ns = float((steps.e - steps.ts).mean())
+    copy_ns = (sum(busy) - sum(comp)) / len(steps)
+    assert sum(busy) / (steps.e - steps.ts).sum() > 0.9999
+    assert copy_ns == pytest.approx(760.8e6, abs=0.05e6) and copy_ns / step_ns > 0.96
+    # evidence 4: six 5 GiB copies a step (f32[5,1024,1024,256]), three from host memory
+    # (layout S(5), XLA's host memory space) into HBM and three back
+    starts = t.sql(f"select json_extract_string(args, '$.shape_with_layout') as shape, "
+                   f"count(*) as n from events where device = {chip} and step = 10 and "
+                   "name like 'copy-start%' group by 1")  # fmt: skip
+    assert starts.n.sum() == 6 and starts["shape"].str.contains("S(5)", regex=False).all()
+    assert starts["shape"].str.startswith("(f32[5,1024,1024,256]").all()
+
     facts, rules, recs = advice(t)
-    assert facts["bottleneck"] == "memcpy" and rules[0] == "memory-copies"
+    assert facts["bottleneck"] == "memcpy" and facts["bottleneck_device"] == chip
+    assert facts["bottleneck_ns_per_step"] == pytest.approx(copy_ns, rel=1e-3)
+    assert facts["headline"] == (
+        "Bottleneck: memory copies 760.8 ms per step (97%), most in `copy-done`, rank 0, "
+        "TPU 1 (slowest of 4), steps 0-98"
+    )
+    assert rules == ["memory-copies"]  # no device-idle: the chips never wait for the host
+    rec = recs.iloc[0]
+    assert "30 GiB per step between host memory" in rec.evidence and "(3 in, 3 out)" in rec.evidence
+    assert "pinned_host" in rec.recommendation and rec["device"] == chip
+    assert rec.path_ms_per_step * 1e6 <= step_ns  # nothing counted twice
+    assert platforms(t).vendor.tolist() == ["tpu"]
     assert not recs.recommendation.str.contains(VENDOR_WORDS).any()
     assert not re.search(VENDOR_WORDS, facts["headline"])
+
+
+def test_mtia_event_wait_is_waiting_not_compute(real) -> None:
+    import pandas as pd
+
+    from xpuprof.analysis.common import COMPUTATION, kernel_type
+    from xpuprof.analysis.overview import overview
+
+    t = real("kineto/gpu/mtia_inference.json.gz")
+    # evidence 1: each event_wait names the stream it waits on, and while the waits run the
+    # device does other work (other streams' kernels) 99 % of their time: a stream waiting
+    # for another, not computing
+    dev = t.sql("select name, ts, ts + dur as e, args from events where level = 'kernel' "
+                "and dur > 0")  # fmt: skip
+    waits = dev[dev.name == "event_wait"]
+    assert len(waits) == 48 and waits.args.str.contains('"wait_on_stream"').all()
+    work = dev[~dev.name.isin(["event_wait", "event_record"])]
+    covered = sum(clipped_union(work, a, b) for a, b in zip(waits.ts, waits.e, strict=True))
+    assert covered / (waits.e - waits.ts).sum() > 0.98
+    # evidence 2: the real compute kernels (merge, pe_exe, remote) never overlap (their
+    # durations sum to their union: one engine) and fill 90 % of the trace: device-bound
+    comp = dev[dev.name.isin(["merge", "pe_exe", "remote"])]
+    union = union_ns(comp.ts, comp.e)
+    assert union == pytest.approx((comp.e - comp.ts).sum(), rel=1e-3)
+    assert union / one(t, "select max(ts + dur) - min(ts) from events") > 0.85
+    # HTA types event_wait as computation, and the breakdown keeps that
+    assert kernel_type(pd.Series(["kernel"]), pd.Series(["event_wait"])).iloc[0] == COMPUTATION
+
+    dx = diagnosis(t)
+    assert "event_wait" not in set(dx["events"].name)  # the path charges what it waited for
+    facts = dx.facts
+    assert facts["bottleneck"] == "compute"
+    assert re.fullmatch(r"Bottleneck: device compute [\d.]+ ms \(\d+% of the trace\), "
+                        r"most in `merge`, rank 0", facts["headline"])  # fmt: skip
+    res = advise(t, overview_result=overview(t))
+    recs = res["recommendations"]
+    assert "device-bound" in set(recs.rule) and "launch-overhead" not in set(recs.rule)
+    text = " ".join(recs[c].str.cat(sep=" ") for c in ("recommendation", "finding",
+                                                          "evidence", "saving"))  # fmt: skip
+    assert "event_wait" not in text
+    # no steps: every sentence speaks of the trace, none of a step
+    assert "of the trace" in text and "per step" not in text and "each step" not in text
+    assert "optimizer" not in text.lower()  # an inference trace: nothing to say about one
 
 
 def test_example_cpu_run(real) -> None:

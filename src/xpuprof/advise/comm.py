@@ -46,7 +46,7 @@ def late_rank(ctx: Context) -> list[Finding]:
 
 def _in_steps(ctx: Context, df: pd.DataFrame) -> pd.Series:
     st = ctx.diagnosis.tables["steps"]
-    st = st[st.part == ctx.part]
+    st = st[(st.part == ctx.part) & (st.device == ctx.device)]
     inside = np.zeros(len(df), bool)
     ts = df.ts.to_numpy(np.int64)
     for a, n in zip(st.ts, st.step_ns, strict=True):
@@ -61,7 +61,7 @@ def _why_late(ctx: Context, late: int, coll: pd.Series) -> str:
     theirs = w[(w["rank"] == late) & (w.process_group == coll.process_group)
                & (w.seq == coll.seq)]  # fmt: skip
     dx = ctx.diagnosis.tables["steps"]
-    mine_step = dx[(dx.part == ctx.part) & (dx.ts <= coll.ts)].tail(1)
+    mine_step = dx[(dx.part == ctx.part) & (dx.device == ctx.device) & (dx.ts <= coll.ts)].tail(1)
     if theirs.empty or mine_step.empty:
         return ""
     theirs = theirs.iloc[0]

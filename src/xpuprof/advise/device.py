@@ -5,6 +5,8 @@ that leave the matrix units idle. ``docs/advise.md`` gives the evidence and boun
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import dataclass
 
 from xpuprof.advise.findings import Context, Finding, per_step
 from xpuprof.analysis.diagnosis import fmt_ns, short_name
@@ -19,12 +21,10 @@ def device_bound(ctx: Context) -> list[Finding]:
     s = ctx.summary[ctx.summary.category != "device_gap"]
     if s.empty or s.category.iloc[0] != "compute" or not ctx.above_floor(t):
         return []
-    top = ctx.top("compute", 5)
-    if top.empty:
-        top = _top_kernels(ctx)
-    by_short = top.assign(short=[short_name(str(n)) for n in top.name]).groupby(
-        "short", sort=False).per_step_ns.sum()  # fmt: skip
-    names = ", ".join(f"`{n}` {fmt_ns(v)}" for n, v in by_short.items())
+    top = ctx.top_names("compute", 5)
+    top = top[top.per_step_ns >= 0.01 * t]  # names below 1 % of it say nothing
+    names = ", ".join(f"`{n}` {fmt_ns(v)}" for n, v in zip(top.name, top.per_step_ns,
+                                                            strict=True))  # fmt: skip
     delay = _launch_delay(ctx)
     ahead = (f"; kernels start a median {fmt_ns(delay)} after their launch: the host is ahead "
              "of the device, so host-side changes (graphs, fewer syncs) cannot help"
@@ -46,33 +46,17 @@ def device_bound(ctx: Context) -> list[Finding]:
         how = "Speed up the top device kernels: check each against its roof (`xpuprof roofline`)"
     return [ctx.finding(
         "device-bound", "compute", how,
-        f"the device's own compute takes {per_step(t, ctx)} on the critical path",
-        f"top kernels{ctx.each} on the path: {names}{ahead}",
+        f"the device's own compute takes {per_step(t, ctx)} {ctx.on_path}",
+        f"top kernels{ctx.each} on the path: {names or 'not named'}{ahead}",
         math.nan, t, ctx.ids("compute"))]  # fmt: skip
-
-
-def _top_kernels(ctx: Context):
-    """The top compute kernels of the part by time per step and per device (a part may hold
-    several devices: an XPlane host with its chips)."""
-    from xpuprof.analysis.common import work_class
-
-    steps = f"and step in ({', '.join(map(str, ctx.steps))})" if ctx.steps else ""
-    n = max(len(ctx.steps), 1)
-    k = ctx.trace.sql(
-        f"select level, name, sum(dur) / {n} / count(distinct device) as per_step_ns from "
-        f"events where part = {ctx.part} and level = 'kernel' {steps} group by level, name"
-    )
-    k = k[work_class(k.level, k.name) == "compute"]
-    return k.sort_values("per_step_ns", ascending=False).head(3)
 
 
 def _launch_delay(ctx: Context) -> float | None:
     """Median time from a kernel's launch call to its start (None: no launches linked)."""
-    steps = f"and k.step in ({', '.join(map(str, ctx.steps))})" if ctx.steps else ""
     m = ctx.trace.sql(
         "select median(k.ts - r.ts) as m from events k join events r on r.part = k.part and "
-        "r.correlation = k.correlation and r.level = 'runtime' where k.part = "
-        f"{ctx.part} and k.level = 'kernel' {steps}"
+        "r.correlation = k.correlation and r.level = 'runtime' where "
+        f"{ctx.where('k')} and k.level = 'kernel'"
     ).m.iloc[0]
     return None if m is None or m != m else float(m)
 
@@ -96,7 +80,8 @@ def device_idle(ctx: Context) -> list[Finding]:
         )
     return [ctx.finding(
         "device-idle", "device_idle", how,
-        f"the device idles {per_step(t, ctx)} with no host work linked to the gaps",
+        f"the device idles {per_step(t, ctx)} {ctx.on_path}, with no host work linked to "
+        "the gaps",
         "device timeline only (no launches or correlation ids link host calls to device "
         "work)", t, t)]  # fmt: skip
 
@@ -150,56 +135,157 @@ def fp32_gemms(ctx: Context) -> list[Finding]:
     return [ctx.finding(
         "fp32-gemm", "compute", how,
         f"{t / total:.0%} of kernel time is GEMMs without tensor cores on {spec.name}",
-        f"{t / 1e6:.2f} ms of such GEMMs ({top}); {spec.name}: fp32 {fp32 / 1e12:.1f} vs "
+        f"{fmt_ns(t / max(len(ctx.steps), 1))}{ctx.each} of such GEMMs ({top}); "
+        f"{spec.name}: fp32 {fp32 / 1e12:.1f} vs "
         f"{key} matrix {half / 1e12:.0f} TFLOP/s", saved, ctx.time("compute"))]  # fmt: skip
 
 
 def memory_copies(ctx: Context) -> list[Finding]:
     """Copies (memcpy, DMA, XLA's async copies) on the critical path: the step waits for data
-    to move between host and device (or between buffers)."""
+    to move between host and device (or between buffers). On XLA the copies' shapes say
+    where the data moves: memory space ``S(5)`` is host memory (host offloading)."""
     t = ctx.time("memcpy")
     if not ctx.above_floor(t):
         return []
-    top = ctx.top("memcpy", 3)
-    if top.empty:
-        top = _top_copies(ctx)
+    top = ctx.top_names("memcpy", 3)
+    top = top[top.per_step_ns >= 0.01 * t]
     names = ", ".join(f"`{n}` {fmt_ns(v)}" for n, v in zip(top.name, top.per_step_ns,
                                                             strict=True))  # fmt: skip
     p = ctx.platform
-    if p.vendor == "tpu" or p.framework == "xla":
+    moved = _xla_transfers(ctx) if p.framework == "xla" else None
+    compute = ctx.time("compute")
+    if moved is not None and moved.host_bytes > 0:
+        how = (
+            "Move fewer bytes between host memory and the device: keep the arrays that fit "
+            "in device memory there (no host offloading of them: memory kind 'device', not "
+            "'pinned_host'), offload only what does not fit, and offload it in a narrower "
+            "dtype (bf16 rather than f32); overlapping the transfers with compute can hide "
+            f"at most the compute, {per_step(compute, ctx)}"
+        )
+    elif p.vendor == "tpu" or p.framework == "xla":
         how = (
             "Keep data on the device across calls (donate buffers, no host round trips "
             "between jitted calls), and overlap transfers with compute (prefetch the next "
             "input while this step runs)"
         )
     elif p.gpu:
-        how = (
-            "Keep tensors on the device between steps; copy what must move from pinned "
-            "memory with `non_blocking=True` on a side stream, overlapped with compute"
-        )
+        how = _gpu_copy_change(" ".join(str(n) for n in top.name))
     else:
         how = (
-            "Keep data on the device between steps and overlap the transfers (DMA) that "
-            "remain with compute"
+            "Overlap the transfers (DMA) with compute: start the next transfer while the "
+            "device computes; keep data the device reuses on the device"
         )
+    evidence = f"most in {names or 'copies'}"
+    if moved is not None and moved.host_bytes > 0:
+        evidence += f"; {moved.words(ctx)}"
     return [ctx.finding(
         "memory-copies", "memcpy", how,
-        f"copies take {per_step(t, ctx)} on the critical path",
-        f"most in {names or 'copies'}", t, t, ctx.ids("memcpy"))]  # fmt: skip
+        f"copies take {per_step(t, ctx)} {ctx.on_path}",
+        evidence, t, t, ctx.ids("memcpy"))]  # fmt: skip
 
 
-def _top_copies(ctx: Context):
-    from xpuprof.analysis.common import work_class
-
-    steps = f"and step in ({', '.join(map(str, ctx.steps))})" if ctx.steps else ""
-    n = max(len(ctx.steps), 1)
-    k = ctx.trace.sql(
-        f"select level, name, sum(dur) / {n} / count(distinct device) as per_step_ns from "
-        f"events where part = {ctx.part} and level in ('kernel', 'memcpy') {steps} "
-        "group by level, name"
+def _gpu_copy_change(names: str) -> str:
+    """The change for copies on a GPU's critical path, by what they copy (Kineto names the
+    direction and the host memory: ``Memcpy HtoD (Pageable -> Device)``)."""
+    if re.search(r"Pageable", names):
+        return (
+            "Copy from pinned memory (`DataLoader(pin_memory=True)`, `tensor.pin_memory()`) "
+            "with `non_blocking=True`: a copy from pageable memory is staged by the driver and "
+            "cannot overlap compute; then start the next batch's copy on a side stream while "
+            "this step computes"
+        )
+    if re.search(r"DtoH|Device -> (Pinned|Host)", names):
+        return (
+            "Read results back less often or later: keep them on the device across steps and "
+            "copy them to pinned memory with `non_blocking=True` on a side stream"
+        )
+    return (
+        "Overlap the copies with compute: issue them with `non_blocking=True` from pinned "
+        "memory on a side stream, one step ahead (prefetch the next batch while this one "
+        "computes); copy device-to-device data less (fuse, avoid `.contiguous()` copies)"
     )
-    k = k[work_class(k.level, k.name) == "memcpy"]
-    return k.sort_values("per_step_ns", ascending=False).head(3)
+
+
+#: Bytes per element of XLA's primitive types (``xla_data.proto``).
+_XLA_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4,
+              "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8,
+              "c128": 16, "f8e5m2": 1, "f8e4m3fn": 1, "f8e4m3b11fnuz": 1, "f8e5m2fnuz": 1,
+              "f8e4m3fnuz": 1}  # fmt: skip
+#: One array shape in an HLO layout string: ``f32[5,1024]{1,0:T(8,128)S(5)}``.
+_XLA_ARRAY = re.compile(r"(\w+)\[([\d,]*)\](?:\{([^}]*)\})?")
+#: XLA's memory space of host memory (``Layout::kHostMemorySpace``): ``S(5)`` in a layout.
+HOST_MEMORY_SPACE = 5
+
+
+@dataclass(frozen=True)
+class Transfers:
+    """XLA async copies of the judged steps, per step: bytes into and out of host memory,
+    and how many copies moved them."""
+
+    to_host: float
+    from_host: float
+    copies_to_host: float
+    copies_from_host: float
+
+    @property
+    def host_bytes(self) -> float:
+        return self.to_host + self.from_host
+
+    def words(self, ctx: Context) -> str:
+        n = f"{self.copies_from_host:.3g} in, {self.copies_to_host:.3g} out"
+        rate = self.host_bytes / (ctx.step_ns * 1e-9) if ctx.step_ns else 0.0
+        return (f"the copies move {_bytes(self.host_bytes)}{ctx.each} between host memory "
+                f"(XLA memory space S({HOST_MEMORY_SPACE})) and the device ({n}), "
+                f"{rate / 1e9:.3g} GB/s over the {'step' if ctx.steps else 'trace'}")  # fmt: skip
+
+
+def _xla_transfers(ctx: Context) -> Transfers | None:
+    """What XLA's ``copy-start`` ops of the judged steps move, from their shapes: the output
+    is (destination, source, context), each array with its layout's memory space."""
+    df = ctx.trace.sql(
+        "select json_extract_string(args, '$.shape_with_layout') as shape, count(*) as n "
+        f"from events where {ctx.where()} and level = 'kernel' and "
+        r"regexp_matches(name, '^copy-start(\.\d+)?$') group by 1"
+    )
+    if df.empty:
+        return None
+    out = {"to": 0.0, "from": 0.0, "n_to": 0.0, "n_from": 0.0}
+    n_steps = max(len(ctx.steps), 1)
+    for shape, n in zip(df["shape"], df["n"], strict=True):
+        arrays = _XLA_ARRAY.findall(str(shape or ""))
+        if len(arrays) < 2:
+            continue
+        dst, src = arrays[0], arrays[1]
+        size = _array_bytes(dst)
+        if size is None:
+            continue
+        if _space(dst) == HOST_MEMORY_SPACE and _space(src) != HOST_MEMORY_SPACE:
+            out["to"] += size * n / n_steps
+            out["n_to"] += n / n_steps
+        elif _space(src) == HOST_MEMORY_SPACE and _space(dst) != HOST_MEMORY_SPACE:
+            out["from"] += size * n / n_steps
+            out["n_from"] += n / n_steps
+    return Transfers(out["to"], out["from"], out["n_to"], out["n_from"])
+
+
+def _array_bytes(array: tuple[str, str, str]) -> float | None:
+    dtype, dims, _ = array
+    per = _XLA_BYTES.get(dtype.lower())
+    if per is None:
+        return None
+    return per * math.prod(int(d) for d in dims.split(",") if d)
+
+
+def _space(array: tuple[str, str, str]) -> int:
+    m = re.search(r"S\((\d+)\)", array[2] or "")
+    return int(m.group(1)) if m else 0
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
 
 
 DEVICE_RULES = (device_bound, device_idle, memory_copies, fp32_gemms)

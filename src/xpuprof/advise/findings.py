@@ -42,6 +42,7 @@ class Finding:
     saved_fraction: float
     saved_ms_per_step: float
     rank: int | None = None
+    device: int | None = None
     steps: list[int] = field(default_factory=list)
     events: list[int] = field(default_factory=list)
     category: str = ""
@@ -78,11 +79,43 @@ class Context:
     overview: Result | None
     ranks: Any
     selection: Any
+    device: int = -1
+    devices: int = 1
 
     @property
     def each(self) -> str:
         """`` per step`` where the windows are steps, else nothing (the whole trace)."""
         return " per step" if self.steps else ""
+
+    @property
+    def window(self) -> str:
+        """What a share is of: ``each step`` or ``the trace``."""
+        return "each step" if self.steps else "the trace"
+
+    @property
+    def on_device(self) -> str:
+        """``, TPU 1`` where one of a rank's several devices is judged, else nothing."""
+        if self.device < 0 or self.devices < 2:
+            return ""
+        from xpuprof.analysis.diagnosis import device_label
+
+        return f", {device_label(self.trace, self.part, self.device)}"
+
+    @property
+    def on_path(self) -> str:
+        """``on the critical path`` (``… of TPU 1`` where one of several devices is judged)."""
+        return "on the critical path" + (f" of{self.on_device[1:]}" if self.on_device else "")
+
+    def where(self, alias: str = "", *, device: bool = True) -> str:
+        """SQL predicate over events of the judged part (and device, unless ``device`` is
+        false: host events), in the judged steps."""
+        a = f"{alias}." if alias else ""
+        out = f"{a}part = {self.part}"
+        if device and self.device >= 0:
+            out += f" and {a}device = {self.device}"
+        if self.steps:
+            out += f" and {a}step in ({', '.join(map(str, self.steps))})"
+        return out
 
     def time(self, category: str) -> float:
         """Mean ns per step on the critical path in ``category``."""
@@ -99,6 +132,14 @@ class Context:
         e = self.events[self.events.category == category]
         return e[e.name != "(no event)"].head(n)
 
+    def top_names(self, category: str, n: int = 3) -> pd.DataFrame:
+        """As :meth:`top`, device work grouped by kernel family (``diagnosis.top_names``:
+        template arguments and XLA instance numbers dropped): ``name``, ``per_step_ns``,
+        ``ids``."""
+        from xpuprof.analysis.diagnosis import top_names
+
+        return top_names(self.trace, self.events, self.part, self.device, category).head(n)
+
     def above_floor(self, ns: float) -> bool:
         """The noise floor: at least 1 % of the mean step and 50 µs per step."""
         return ns >= FLOOR_NS and ns >= FLOOR_SHARE * self.step_ns
@@ -111,7 +152,8 @@ class Context:
             math.nan if math.isnan(saved_ns) else 0.0)  # fmt: skip
         return Finding(rule=rule, recommendation=recommendation, finding=finding,
                        evidence=evidence, saved_fraction=frac, saved_ms_per_step=saved_ns / 1e6,
-                       rank=self.rank, steps=list(self.steps), events=list(events or []),
+                       rank=self.rank, device=self.device if self.device >= 0 else None,
+                       steps=list(self.steps), events=list(events or []),
                        category=category, path_ms_per_step=path_ns / 1e6)  # fmt: skip
 
     def ids(self, category: str, n: int = 3) -> list[int]:

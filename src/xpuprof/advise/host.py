@@ -58,7 +58,11 @@ def _device_busy(ctx: Context) -> float | None:
 
 def _utilization(ctx: Context) -> str:
     busy = _device_busy(ctx)
-    return "" if busy is None else f"; the device works {busy / ctx.step_ns:.0%} of each step"
+    return "" if busy is None else f"; the device works {busy / ctx.step_ns:.0%} of {ctx.window}"
+
+
+def _calls(n: int) -> str:
+    return "1 such call" if n == 1 else f"{n:,} such calls"
 
 
 def _steps(f: pd.Series, lead: str = "") -> str:
@@ -89,7 +93,7 @@ def host_sync(ctx: Context) -> list[Finding]:
     change = _sync_change(ctx, d)
     evidence = (
         f"`{first['name']}` blocks the host {per_step(first.per_step_ns, ctx)} on the "
-        f"critical path while no device works; {first.events:,} such call(s)"
+        f"critical path while no device works; {_calls(first.events)}"
         f"{_steps(first, ', ')}{'; ' + where if where else ''}{_utilization(ctx)}"
     )
     return [ctx.finding(
@@ -180,22 +184,21 @@ def launch_overhead(ctx: Context) -> list[Finding]:
         "(torch.compile): the device idles while the host launches them one by one",
         f"kernel launches take {per_step(t, ctx)} on the critical path, with the device idle "
         f"{idle:.0%} of that time",
-        f"{len(calls):,} launch calls in the selected steps, median {fmt_ns(median)}; kernels "
+        f"{len(calls):,} launch calls{' in the selected steps' if ctx.steps else ''}, median "
+        f"{fmt_ns(median)}; kernels "
         f"run a median {fmt_ns(kern)}{_utilization(ctx)}",
         bound(ctx, t, "launch"), t, ctx.ids("launch"))]  # fmt: skip
 
 
 def _launch_calls(ctx: Context, names: list[str]) -> pd.DataFrame:
     lst = ", ".join("'" + n.replace("'", "''") + "'" for n in names)
-    steps = f"and step in ({', '.join(map(str, ctx.steps))})" if ctx.steps else ""
-    return ctx.trace.sql(f"select id, name, dur from events where part = {ctx.part} and "
-                         f"level = 'runtime' and name in ({lst}) {steps}")  # fmt: skip
+    return ctx.trace.sql(f"select id, name, dur from events where {ctx.where(device=False)} and "
+                         f"level = 'runtime' and name in ({lst})")  # fmt: skip
 
 
 def _kernel_median(ctx: Context) -> float:
-    steps = f"and step in ({', '.join(map(str, ctx.steps))})" if ctx.steps else ""
-    m = ctx.trace.sql(f"select median(dur) as m from events where part = {ctx.part} and "
-                      f"level = 'kernel' {steps}").m.iloc[0]  # fmt: skip
+    m = ctx.trace.sql(f"select median(dur) as m from events where {ctx.where()} and "
+                      "level = 'kernel'").m.iloc[0]  # fmt: skip
     return float(m) if m == m and m is not None else 0.0
 
 
@@ -219,17 +222,39 @@ def framework_cpu(ctx: Context) -> list[Finding]:
     how = "fuse ops and cut per-op dispatch with torch.compile"
     if ctx.platform.gpu:
         how += " (mode='reduce-overhead' also replays the launches as a graph)"
-    how += (
-        "; use foreach or fused optimizers (`torch.optim.SGD(..., foreach=True)`, "
-        "`fused=True`) instead of per-parameter loops; or give each op more work (larger "
-        "batches)"
-    )
+    optimizer = _optimizer(ctx)
+    if optimizer == "loop":
+        how += ("; use foreach or fused optimizers (`torch.optim.SGD(..., foreach=True)`, "
+                "`fused=True`) instead of per-parameter loops")  # fmt: skip
+    elif optimizer == "foreach" and ctx.platform.gpu:
+        how += ("; the optimizer already runs foreach ops: `fused=True` (Adam, AdamW, SGD) "
+                "makes its update one kernel per parameter group")  # fmt: skip
+    how += "; or give each op more work (larger batches)"
     return [ctx.finding(
         "host-cpu-bound", "cpu", "Cut the framework's CPU time: " + how,
         f"the host's framework work takes {per_step(t, ctx)} on the critical path; the device "
         f"idles {ctx.device_idle('cpu'):.0%} of that time",
         f"most CPU time{ctx.each} in {names}{_utilization(ctx)}",
         saved, t, ctx.ids("cpu"))]  # fmt: skip
+
+
+def _optimizer(ctx: Context) -> str:
+    """How the judged steps update parameters: ``fused`` (``aten::_fused_*`` ops), ``foreach``
+    (``aten::_foreach_*``), ``loop`` (an optimizer runs — torch's ``Optimizer.step#…`` spans,
+    TorchRec's ``## optimizer ##`` — with neither), or ``none`` (no optimizer: an inference
+    trace). Optimizer advice is only about the first three, and never the one in use."""
+    c = ctx.trace.sql(
+        "select count(*) filter (where starts_with(name, 'aten::_fused_')) as fused, "
+        "count(*) filter (where starts_with(name, 'aten::_foreach_')) as foreach, "
+        "count(*) filter (where starts_with(name, 'Optimizer.') or "
+        "contains(lower(name), 'optimizer')) as optimizer "
+        f"from events where {ctx.where(device=False)} and device < 0"
+    ).iloc[0]
+    if c.fused:
+        return "fused"
+    if c.foreach:
+        return "foreach"
+    return "loop" if c.optimizer else "none"
 
 
 def _one_slow_op(ctx: Context, one: pd.Series, t: float) -> Finding:
@@ -283,7 +308,7 @@ def runtime_calls(ctx: Context) -> list[Finding]:
                ctx.platform.vendor == "amd" else "static shapes")  # fmt: skip
         out.append(ctx.finding(
             "allocator", "runtime",
-            "Keep the allocator from calling the device runtime every step: no "
+            "Keep the allocator from calling the device runtime again and again: no "
             "`torch.cuda.empty_cache()` in the loop, static shapes (pad variable lengths), "
             f"less fragmentation ({tip}); or warm up before profiling",
             f"memory allocation calls take {per_step(alloc.per_step_ns.sum(), ctx)} on the "
@@ -361,7 +386,8 @@ def input_bound(ctx: Context) -> list[Finding]:
         )
     return [ctx.finding(
         "input-bound", "input", change,
-        f"the step waits for input {per_step(t, ctx)} on the critical path",
+        f"{'the step' if ctx.steps else 'the host'} waits for input {per_step(t, ctx)} on the "
+        "critical path",
         f"`{name}` {fmt_ns(top.per_step_ns.iloc[0])}{ctx.each}{_steps(top.iloc[0], ', ')}"
         f"{_utilization(ctx)}", bound(ctx, t, "input"), t, ctx.ids("input"))]  # fmt: skip
 

@@ -73,13 +73,15 @@ def advise(
     """Recommendations ranked by the step time they can save at most (table
     ``recommendations``: ``rule``, ``recommendation``, ``finding``, ``evidence``,
     ``saved_ms_per_step`` and ``saved_fraction`` (upper bounds; NaN where a rule claims none),
-    ``saving`` (the bound in words), ``rank``, ``steps``, ``events`` (ids), ``category``,
-    ``path_ms_per_step``), judged on the rank with the slowest mean step.
+    ``saving`` (the bound in words), ``rank``, ``device`` (None: the rank as a whole; else
+    the device judged, where a rank's devices are judged one by one), ``steps``, ``events``
+    (ids), ``category``, ``path_ms_per_step``), judged on the rank (and device) with the
+    slowest mean step.
 
     Facts: ``recommendations`` (how many), ``saved_fraction`` (the largest bound, of the mean
     step; 0 without recommendations), ``headline`` and the ``bottleneck*`` facts (the
     diagnosis')."""
-    from xpuprof.analysis.diagnosis import diagnosis
+    from xpuprof.analysis.diagnosis import diagnosis, judged
     from xpuprof.analysis.platform import platform_of
 
     ranks = None if ranks is None else [int(r) for r in ranks]
@@ -90,16 +92,17 @@ def advise(
         res.notes.append("no steps and no events to judge: no recommendations")
         res.tables["recommendations"] = pd.DataFrame(columns=_COLUMNS)
         return res
-    part = int(st.groupby("part").step_ns.mean().idxmax())
-    mine = st[st.part == part]
+    part, device, _ = judged(st)
+    mine = st[(st.part == part) & (st.device == device)]
     rank = mine["rank"].iloc[0]
+    unit = lambda df: df[(df.part == part) & (df.device == device)]  # noqa: E731
     ctx = Context(
         trace=trace, part=part, rank=None if pd.isna(rank) else int(rank),
         platform=platform_of(trace, part), step_ns=float(mine.step_ns.mean()),
-        summary=dx.tables["summary"][dx.tables["summary"].part == part],
-        events=dx.tables["events"][dx.tables["events"].part == part],
+        summary=unit(dx.tables["summary"]), events=unit(dx.tables["events"]),
         steps=[int(s) for s in mine.step.dropna()], diagnosis=dx, overview=overview_result,
-        ranks=ranks, selection=steps,
+        ranks=ranks, selection=steps, device=device,
+        devices=int(st[st.part == part].device.nunique()),
     )  # fmt: skip
     findings = [f for rule in RULES if ctx.platform.vendor in rule.devices
                 for f in rule.function(ctx)]  # fmt: skip
@@ -124,8 +127,9 @@ def advise(
                   if k == "headline" or k.startswith("bottleneck")}  # fmt: skip
     if not findings:
         res.notes.append(
-            f"no rule found a change above the noise floor ({FLOOR_SHARE:.0%} of the step and "
-            f"{FLOOR_NS // 1000} µs per step) on rank {ctx.rank if ctx.rank is not None else 0}"
+            f"no rule found a change above the noise floor ({FLOOR_SHARE:.0%} of the "
+            f"{'step' if ctx.steps else 'trace'} and {FLOOR_NS // 1000} µs"
+            f"{ctx.each}) on rank {ctx.rank if ctx.rank is not None else 0}{ctx.on_device}"
             f" ({ctx.platform.vendor}); "
             + (str(dx.facts.get("headline", "")).replace("Bottleneck: ", "bottleneck: ") or
                "see the op and kernel tables for where the time goes"))  # fmt: skip
@@ -133,5 +137,5 @@ def advise(
 
 
 _COLUMNS = ["rule", "recommendation", "finding", "evidence", "saved_fraction",
-            "saved_ms_per_step", "saving", "rank", "steps", "events", "category",
+            "saved_ms_per_step", "saving", "rank", "device", "steps", "events", "category",
             "path_ms_per_step"]  # fmt: skip

@@ -8,21 +8,31 @@ piece of a step is one of :data:`~xpuprof.analysis.path_time.CATEGORIES`; the bo
 rank is the category with the most time per step (``device_gap``, the µs between queued
 kernels, is never one). ``docs/advise.md`` defines the categories and the headline.
 
-Step windows are the rank's step spans (``level = 'step'``); a rank without any is one window
-from its first to its last event. Time of a step the path does not cover (before its first
-node, after its last) is ``off_path``.
+Step windows are the rank's host step spans (``level = 'step'``); a rank whose steps lie on
+device lines only (XLA module runs) has each device's own windows; a rank without any is one
+window from its first to its last event. A rank with several devices and no host work linked
+to them (an XPlane host with its TPU chips) is judged **per device**: each chip's timeline
+is its own path, and the rows of the tables carry the ``device`` (-1: the rank as a whole).
+Time of a step the path does not cover (before its first node, after its last) is
+``off_path``.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from xpuprof.analysis.common import Result, StepSelection, number_ranges, step_mode
-from xpuprof.analysis.path_time import CATEGORIES, PathTime, path_times
+from xpuprof.analysis.path_time import CATEGORIES, PathTime, device_path_times, path_times
+from xpuprof.core.text import human_time, short_name
+
+#: A duration in words (``760.8 ms``): the terminal's own format, so a sentence and the
+#: tables under it agree.
+fmt_ns = human_time
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -68,13 +78,16 @@ def diagnosis(
 ) -> Result:  # fmt: skip
     """Where the critical path of each selected rank and step spends its time.
 
-    Tables: ``steps`` (one row per rank and step: ``step_ns`` and ns per category, the
-    step's ``bottleneck``), ``summary`` (per rank and category: mean ``time_ns`` per step,
-    ``share`` of the mean step, in descending order), ``events`` (per rank and category, the
-    ``top`` events the path is charged to: ``time_ns`` in all selected steps, ``per_step_ns``,
-    the ``steps`` they appear in and their ids). Facts: ``headline``, ``bottleneck`` (a
-    category), ``bottleneck_rank``, ``bottleneck_ns_per_step``, ``bottleneck_share``,
-    ``steps``, ``path`` (``graph``, or ``device`` when no host work is linked to the device).
+    Tables: ``steps`` (one row per rank, device and step: ``step_ns`` and ns per category,
+    the step's ``bottleneck``), ``summary`` (per rank, device and category: mean ``time_ns``
+    per step, ``share`` of the mean step, in descending order, the slowest device of each
+    rank first), ``events`` (per rank, device and category, the ``top`` events the path is
+    charged to: ``time_ns`` in all selected steps, ``per_step_ns``, the ``steps`` they appear
+    in and their ids). ``device`` is -1 where the rank is judged as a whole (its host steps
+    and one path), else the device whose timeline was judged. Facts: ``headline``,
+    ``bottleneck`` (a category), ``bottleneck_rank``, ``bottleneck_device`` (None: the rank
+    as a whole), ``bottleneck_ns_per_step``, ``bottleneck_share``, ``steps``, ``path``
+    (``graph``, or ``device`` when no host work is linked to the device).
     """
     mode, numbers = step_mode(steps)
     key = ("analysis.diagnosis", None if ranks is None else tuple(sorted(int(r) for r in ranks)),
@@ -94,13 +107,10 @@ def _diagnosis(trace: Trace, ranks, steps: StepSelection, top: int) -> Result:
         res.notes.append("no rank selected: nothing to diagnose")
         return res
     paths = path_times(trace, parts)
-    windows = _windows(trace, parts, steps)
     rows, evs = [], []
     for p in parts:
-        pt, w = paths[p], windows.get(p)
-        res.notes += [n for n in pt.notes if n not in res.notes]
-        if w is None or w.empty:
-            continue
+        res.notes += [n for n in paths[p].notes if n not in res.notes]
+    for pt, w in _units(trace, parts, steps, paths):
         r, e = _per_step(pt, w)
         rows.append(r)
         evs.append(e)
@@ -111,7 +121,7 @@ def _diagnosis(trace: Trace, ranks, steps: StepSelection, top: int) -> Result:
     res.tables["summary"] = _summary(per_step)
     per_step = per_step[[c for c in per_step.columns if not c.startswith("_idle_")]]
     res.tables["steps"] = per_step
-    res.tables["events"] = _events(trace, pd.concat(evs, ignore_index=True), top)
+    res.tables["events"] = _events(trace, pd.concat(evs, ignore_index=True), per_step, top)
     res.facts = _facts(trace, res.tables, paths)
     return res
 
@@ -119,35 +129,61 @@ def _diagnosis(trace: Trace, ranks, steps: StepSelection, top: int) -> Result:
 # ---------------------------------------------------------------------------- step windows
 
 
-def _windows(trace: Trace, parts: list[int], steps: StepSelection) -> dict[int, pd.DataFrame]:
-    """Per part, its selected step windows (``step``, ``ts``, ``end``), disjoint and sorted."""
+def _units(trace: Trace, parts: list[int], steps: StepSelection,
+           paths: dict[int, PathTime]) -> list[tuple[PathTime, pd.DataFrame]]:  # fmt: skip
+    """What is judged, each with its selected step windows (``step``, ``ts``, ``end``,
+    disjoint and sorted): per part, its one path cut at its host step spans; where the part's
+    steps lie on device lines only (XLA module runs), each device's windows; and a part with
+    one path per device (:func:`~xpuprof.analysis.path_time.device_path_times`) once per
+    device. A part without any step span is one window over all its events."""
     mode, numbers = step_mode(steps)
     sql = ", ".join(map(str, parts))
     st = trace.sql(
-        "select part, step, min(ts) as ts, max(ts + dur) as end from events where level = "
-        f"'step' and device < 0 and dur > 0 and part in ({sql}) group by part, step order by 1, 3"
+        "select part, greatest(device, -1) as device, step, min(ts) as ts, max(ts + dur) as end "
+        f"from events where level = 'step' and dur > 0 and part in ({sql}) "
+        "group by all order by 1, 2, 4"
     )
-    out: dict[int, pd.DataFrame] = {}
-    have = set(st.part.astype(int)) if len(st) else set()
-    for p, g in st.groupby("part"):
-        g = g.reset_index(drop=True)
-        if mode == "drop-last" and len(g) >= 2:
-            g = g[g.step != g.step.max()]
-        elif mode == "list":
-            g = g[g.step.isin(numbers or [])]
-        ts, end = g.ts.to_numpy(np.int64), g.end.to_numpy(np.int64).copy()
-        end[:-1] = np.minimum(end[:-1], ts[1:])  # nested or overlapping spans: no double count
-        out[int(p)] = g.assign(ts=ts, end=end).reset_index(drop=True)
-    lone = [p for p in parts if p not in have]
+    out: list[tuple[PathTime, pd.DataFrame]] = []
+    lone = []
+    for p in parts:
+        pt, per_device = paths[p], device_path_times(trace, p)
+        mine = st[st.part == p]
+        host = mine[mine.device < 0]
+        if len(host):
+            w = _select(host, mode, numbers)
+            out += [(d, w) for d in per_device.values()] if per_device else [(pt, w)]
+        elif len(mine):
+            for d, g in mine.groupby("device"):  # each device's windows cut its path
+                path = per_device.get(int(d)) or replace(pt, device=int(d))
+                out.append((path, _select(g, mode, numbers)))
+        else:
+            lone.append(p)
     if lone and mode != "list":
         span = trace.sql(
             "select part, min(ts) as ts, max(ts + coalesce(dur, 0)) as end from events where "
             f"part in ({', '.join(map(str, lone))}) and level != 'other' group by part"
         )
         for r in span.itertuples(index=False):
-            out[int(r.part)] = pd.DataFrame({"step": pd.array([pd.NA], "Int64"),
-                                             "ts": [int(r.ts)], "end": [int(r.end)]})  # fmt: skip
-    return out
+            w = pd.DataFrame({"step": pd.array([pd.NA], "Int64"), "ts": [int(r.ts)],
+                              "end": [int(r.end)]})  # fmt: skip
+            per_device = device_path_times(trace, int(r.part))
+            out += ([(d, w) for d in per_device.values()] if per_device
+                    else [(paths[int(r.part)], w)])  # fmt: skip
+    return [(pt, w) for pt, w in out if len(w)]
+
+
+def _select(g: pd.DataFrame, mode: str, numbers: list[int] | None) -> pd.DataFrame:
+    """The selected windows of one timeline's step spans (sorted by start): the last one
+    dropped (``drop-last``) or the listed ones; nested or overlapping spans are cut so that
+    no time is counted twice."""
+    g = g.reset_index(drop=True)
+    if mode == "drop-last" and len(g) >= 2:
+        g = g[g.step != g.step.max()]
+    elif mode == "list":
+        g = g[g.step.isin(numbers or [])]
+    ts, end = g.ts.to_numpy(np.int64), g.end.to_numpy(np.int64).copy()
+    end[:-1] = np.minimum(end[:-1], ts[1:])
+    return pd.DataFrame({"step": pd.array(g.step.to_numpy(), "Int64"), "ts": ts, "end": end})
 
 
 def _per_step(pt: PathTime, w: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -180,8 +216,8 @@ def _per_step(pt: PathTime, w: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     cands = df[[f"{c}_ns" for c in BOTTLENECKS] + ["off_path_ns"]].to_numpy()
     names = np.array([*BOTTLENECKS, "off_path"], dtype=object)
     head = pd.DataFrame({"rank": pd.array([pt.rank] * len(w), "Int64"), "part": pt.part,
-                         "step": pd.array(w.step.to_numpy(), "Int64"), "ts": w0,
-                         "step_ns": step_ns})  # fmt: skip
+                         "device": pt.device, "step": pd.array(w.step.to_numpy(), "Int64"),
+                         "ts": w0, "step_ns": step_ns})  # fmt: skip
     out = pd.concat([head, df], axis=1)
     out["bottleneck"] = names[cands.argmax(axis=1)] if len(out) else []
     for i, c in enumerate(CATEGORIES):  # how much of it the device idled (summary only)
@@ -191,7 +227,7 @@ def _per_step(pt: PathTime, w: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
         ns=("ns", "sum"), segments=("ns", "size")
     )
     ev["step"] = pd.array(w.step.to_numpy(), "Int64")[ev.window.to_numpy()]
-    ev["rank"], ev["part"] = pt.rank, pt.part
+    ev["rank"], ev["part"], ev["device"] = pt.rank, pt.part, pt.device
     return out, ev
 
 
@@ -200,45 +236,50 @@ def _per_step(pt: PathTime, w: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
 
 def _summary(per_step: pd.DataFrame) -> pd.DataFrame:
     rows = []
-    for (part,), g in per_step.groupby(["part"]):
+    for (part, device), g in per_step.groupby(["part", "device"]):
         mean = float(g.step_ns.mean())
+        busy = mean - float((g.device_idle_ns + g.off_path_ns).mean())
         for c in (*CATEGORIES, "off_path"):
             t = float(g[f"{c}_ns"].mean())
             if t > 0:
                 idle = g[f"_idle_{c}"].sum() / g[f"{c}_ns"].sum() if c != "off_path" else 1.0
-                rows.append({"rank": g["rank"].iloc[0], "part": part, "category": c,
-                             "description": DESCRIPTION[c], "time_ns": t,
+                rows.append({"rank": g["rank"].iloc[0], "part": part, "device": device,
+                             "category": c, "description": DESCRIPTION[c], "time_ns": t,
                              "share": t / mean if mean else 0.0, "device_idle": float(idle),
-                             "steps": len(g)})  # fmt: skip
-    out = pd.DataFrame(rows, columns=["rank", "part", "category", "description", "time_ns",
-                                      "share", "device_idle", "steps"])  # fmt: skip
+                             "steps": len(g), "_mean": mean, "_busy": busy})  # fmt: skip
+    out = pd.DataFrame(rows, columns=["rank", "part", "device", "category", "description",
+                                      "time_ns", "share", "device_idle", "steps", "_mean",
+                                      "_busy"])  # fmt: skip
     out["rank"] = out["rank"].astype("Int64")
-    return out.sort_values(["part", "time_ns"], ascending=[True, False], ignore_index=True)
+    out["device"] = out["device"].astype(np.int64)
+    # per rank, the device judged first (as :func:`judged` picks it), then by time
+    order = ["part", "_mean", "_busy", "device", "time_ns"]
+    out = out.sort_values(order, ascending=[True, False, False, True, False], ignore_index=True)
+    return out.drop(columns=["_mean", "_busy"])
 
 
 #: How many event ids an ``events`` row lists (the web UI links them into the timeline).
 MAX_IDS = 20
 
 
-def _events(trace: Trace, ev: pd.DataFrame, top: int) -> pd.DataFrame:
-    """Per part and category, the ``top`` names the path is charged to by time, with the
-    steps they appear in, (up to :data:`MAX_IDS`) the ids of their events, and the one event
-    with the most path time (``top_event``, ``top_event_ns``: one slow call is not the same
-    finding as many short ones)."""
-    cols = ["rank", "part", "category", "name", "time_ns", "per_step_ns", "events", "steps",
-            "ids", "top_event", "top_event_ns"]  # fmt: skip
+def _events(trace: Trace, ev: pd.DataFrame, per_step: pd.DataFrame, top: int) -> pd.DataFrame:
+    """Per part, device and category, the ``top`` names the path is charged to by time, with
+    the steps they appear in, (up to :data:`MAX_IDS`) the ids of their events, and the one
+    event with the most path time (``top_event``, ``top_event_ns``: one slow call is not the
+    same finding as many short ones)."""
+    cols = ["rank", "part", "device", "category", "name", "time_ns", "per_step_ns", "events",
+            "steps", "ids", "top_event", "top_event_ns"]  # fmt: skip
     if ev.empty:
         return pd.DataFrame(columns=cols)
-    n_steps = ev.groupby("part")["window"].max() + 1  # windows are numbered 0..n-1
+    n_steps = per_step.groupby(["part", "device"]).size()
     names = pd.Series(names_of(trace, ev.event.to_numpy(np.int64)), index=ev.index)
     ev = ev.assign(name=names.where(ev.event >= 0, "(no event)"))
-    g = ev.groupby(["part", "category", "name"], as_index=False, sort=False).agg(
-        rank=("rank", "first"), time_ns=("ns", "sum")
-    )
-    g = g.sort_values(["part", "category", "time_ns"], ascending=[True, True, False])
-    g = g.groupby(["part", "category"]).head(max(int(top), 1)).reset_index(drop=True)
-    keep = ev.merge(g[["part", "category", "name"]], on=["part", "category", "name"])
-    k = ["part", "category", "name"]
+    k = ["part", "device", "category", "name"]
+    g = ev.groupby(k, as_index=False, sort=False).agg(rank=("rank", "first"), time_ns=("ns", "sum"))
+    g = g.sort_values(["part", "device", "category", "time_ns"],
+                      ascending=[True, True, True, False])  # fmt: skip
+    g = g.groupby(["part", "device", "category"]).head(max(int(top), 1)).reset_index(drop=True)
+    keep = ev.merge(g[k], on=k)
     steps = keep.dropna(subset=["step"]).drop_duplicates([*k, "step"]).sort_values("step")
     steps = steps.groupby(k).step.agg(lambda x: [int(v) for v in x])
     one = keep[keep.event >= 0].groupby([*k, "event"], as_index=False).ns.sum()
@@ -251,7 +292,8 @@ def _events(trace: Trace, ev: pd.DataFrame, top: int) -> pd.DataFrame:
     g["events"] = count.reindex(idx).fillna(0).astype(int).to_numpy()
     g["top_event"] = top1.event.reindex(idx).to_numpy()
     g["top_event_ns"] = top1.ns.reindex(idx).to_numpy()
-    g["per_step_ns"] = g.time_ns / g.part.map(n_steps)
+    unit = pd.MultiIndex.from_frame(g[["part", "device"]])
+    g["per_step_ns"] = g.time_ns.to_numpy() / n_steps.reindex(unit).to_numpy()
     g["category"] = np.asarray(CATEGORIES, dtype=object)[g.category.to_numpy(np.int64)]
     g["rank"] = g["rank"].astype("Int64")
     return g[cols]
@@ -277,23 +319,48 @@ def names_of(trace: Trace, ids: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------------------- headline
 
 
+def judged(per_step: pd.DataFrame) -> tuple[int, int, str]:
+    """The (part, device) judged, and why it: the one with the slowest mean step
+    (``slowest``); among devices that share their step windows (one rank's host steps), the
+    one that works longest per step (``busiest``): the step waits for it."""
+    idle = per_step.device_idle_ns + per_step.off_path_ns
+    g = per_step.assign(busy=per_step.step_ns - idle).groupby(["part", "device"])
+    means = pd.DataFrame({"step": g.step_ns.mean(), "busy": g.busy.mean()})
+    means = means.sort_values(["step", "busy"], ascending=False, kind="stable")
+    part, device = means.index[0]
+    tied = (means.step == means.step.iloc[0]).sum() > 1
+    return int(part), int(device), "busiest" if tied else "slowest"
+
+
+def device_label(trace: Trace, part: int, device: int) -> str:
+    """How a sentence names one device of a part: ``TPU 1``, ``GPU 0``, ``MTIA 0``."""
+    from xpuprof.analysis.platform import platform_of
+
+    kind = {"tpu": "TPU", "nvidia": "GPU", "amd": "GPU", "mtia": "MTIA"}
+    return f"{kind.get(platform_of(trace, part).vendor, 'device')} {device}"
+
+
 def _facts(trace: Trace, tables: dict, paths: dict[int, PathTime]) -> dict:
     per_step, summary, events = tables["steps"], tables["summary"], tables["events"]
-    means = per_step.groupby("part").step_ns.mean()
-    part = int(means.idxmax())  # judge the rank with the slowest mean step
-    s = summary[(summary.part == part) & summary.category.isin(BOTTLENECKS)]
+    part, device, why = judged(per_step)
+    s = summary[(summary.part == part) & (summary.device == device)
+                & summary.category.isin(BOTTLENECKS)]  # fmt: skip
     facts: dict = {"steps": len(per_step), "path": paths[part].source}
     if s.empty:
         return facts
     top = s.iloc[0]
-    rank = per_step[per_step.part == part]["rank"].iloc[0]
-    steps = per_step[per_step.part == part].step.dropna().astype(int).tolist()
+    mine = per_step[(per_step.part == part) & (per_step.device == device)]
+    rank = mine["rank"].iloc[0]
+    steps = mine.step.dropna().astype(int).tolist()
+    n_devices = per_step[per_step.part == part].device.nunique()
     facts |= {
         "bottleneck": str(top.category),
         "bottleneck_rank": None if pd.isna(rank) else int(rank),
+        "bottleneck_device": device if device >= 0 else None,
         "bottleneck_ns_per_step": float(top.time_ns),
         "bottleneck_share": float(top.share),
-        "headline": headline(trace, s, events, rank, steps, part),
+        "headline": headline(trace, s, events, rank, steps, part,
+                             device if n_devices > 1 else -1, f"{why} of {n_devices}"),
     }  # fmt: skip
     return facts
 
@@ -311,25 +378,74 @@ PHRASE = {
 
 
 def headline(trace: Trace, ranked: pd.DataFrame, events: pd.DataFrame, rank, steps: list[int],
-             part: int = 0) -> str:  # fmt: skip
-    """``Bottleneck: <what> <time> per step (<share>)[ (<where>)], rank R, steps A–B``: the
-    category with the most time per step on the rank's critical path (``ranked``: its
-    summary rows, largest first), and the runner-up when it is at least half as large (then
-    fixing the first alone leaves at least a third of the two: naming one would mislead)."""
+             part: int = 0, device: int = -1, which: str = "") -> str:  # fmt: skip
+    """``Bottleneck: <what> <time> per step (<share>)[, most in <where>], rank R[, TPU D
+    (<which>: slowest of N)], steps A–B``: the category with the most time per step on the judged
+    path (``ranked``: its summary rows, largest first), and the runner-up when it is at least
+    half as large (then fixing the first alone leaves at least a third of the two: naming one
+    would mislead). A trace without steps says "of the trace" instead of "per step"."""
     ranked = ranked.assign(stepped=bool(steps))
     first = ranked.iloc[0]
-    parts = [phrase(trace, first, events, part, rank)]
+    parts = [phrase(trace, first, events, part, rank, device)]
     if len(ranked) > 1 and ranked.iloc[1].time_ns >= 0.5 * first.time_ns:
-        parts.append(phrase(trace, ranked.iloc[1], events, part, rank))
+        parts.append(phrase(trace, ranked.iloc[1], events, part, rank, device))
     where = [] if rank is None or pd.isna(rank) else [f"rank {int(rank)}"]
+    if device >= 0:
+        where.append(f"{device_label(trace, part, device)}{f' ({which})' if which else ''}")
     if steps:
         where.append(f"step{'s' if len(steps) > 1 else ''} {number_ranges(steps)}")
     return "Bottleneck: " + "; ".join(parts) + "".join(", " + w for w in where)
 
 
-def phrase(trace: Trace, row: pd.Series, events: pd.DataFrame, part: int, rank) -> str:
-    """One category of a rank's path in words: what, how long per step, the share of the
-    step, and the event most of it is charged to, with the op and annotation above it."""
+#: XLA names each instance of an HLO op ``<name>.<n>`` (``copy-done.2``, ``fusion.14``): one
+#: op family is the name without that suffix.
+_XLA_INSTANCE = re.compile(r"\.\d+$")
+
+
+def family(name: str, xla: bool = False, device_work: bool = True) -> str:
+    """The name a sentence groups an event under: device work without template arguments
+    (:func:`short_name`), and on XLA without the instance number (``copy-done.2`` →
+    ``copy-done``); host names as they are."""
+    if not device_work:
+        return name
+    name = short_name(name)
+    return _XLA_INSTANCE.sub("", name) if xla else name
+
+
+#: Path categories of device work (named by kernel, grouped by :func:`family`).
+DEVICE_WORK = ("compute", "memcpy", "memset", "communication", "other")
+#: A name "holds most" of a category at this share; below it the sentence says "led by".
+MOST = 0.5
+
+
+def top_names(trace: Trace, events: pd.DataFrame, part: int, device: int,
+              category: str) -> pd.DataFrame:  # fmt: skip
+    """The names a category's path time is charged to, grouped by :func:`family`, largest
+    first: ``name`` (the family), ``per_step_ns``, ``ids`` (the first id of each member,
+    largest member first)."""
+    from xpuprof.analysis.platform import platform_of
+
+    evs = events[(events.part == part) & (events.device == device)
+                 & (events.category == category) & (events.name != "(no event)")]  # fmt: skip
+    if evs.empty:
+        return pd.DataFrame(columns=["name", "per_step_ns", "ids"])
+    xla = platform_of(trace, part).framework == "xla"
+    dev = category in DEVICE_WORK
+    fam = [family(str(n), xla, dev) for n in evs.name]
+    g = (
+        evs.assign(family=fam)
+        .groupby("family", sort=False)
+        .agg(per_step_ns=("per_step_ns", "sum"), ids=("ids", lambda x: [i[0] for i in x if i]))
+    )
+    g = g.sort_values("per_step_ns", ascending=False).reset_index()
+    return g.rename(columns={"family": "name"})
+
+
+def phrase(trace: Trace, row: pd.Series, events: pd.DataFrame, part: int, rank,
+           device: int = -1) -> str:  # fmt: skip
+    """One category of a path in words: what, how long per step, the share of the step,
+    and the name most of it is charged to ("most in", or "led by" when that name holds less
+    than half of it), with the op and annotation above it."""
     from xpuprof.analysis.platform import platform_of
 
     category = str(row.category)
@@ -340,23 +456,25 @@ def phrase(trace: Trace, row: pd.Series, events: pd.DataFrame, part: int, rank) 
     words = PHRASE[category].format(runtime=f"{rt} " if rt else "")
     if category == "cpu" and plat.vendor == "cpu":
         words = "framework ops (a CPU run's compute)"
-    evs = events[(events.part == part) & (events.category == category)]
-    ids = [i for ids in evs.ids for i in ids[:1]]
     if category == "comm_wait":
         late = late_rank(trace, rank)
         return f"{words}{f' for rank {late}' if late is not None else ''} {t}"
-    if not ids or category in ("outside_ops", "device_gap", "device_idle"):
+    names = top_names(trace, events, part, device, category)
+    if names.empty or category in ("outside_ops", "device_gap", "device_idle"):
         return f"{words} {t}"
-    d = describe(trace, np.asarray(ids[:1], np.int64)).iloc[0]
+    first = names.iloc[0]
+    d = describe(trace, np.asarray(first.ids[:1], np.int64)).iloc[0]
+    where = _where(d)
     if category == "sync":
-        return f"host blocked {t} in {d.what}{_where(d)}"
-    name = str(d["name"])
-    if category in ("compute", "memcpy", "memset", "communication", "other"):
-        name = short_name(name)
-    return f"{words} {t}, most in `{name}`{_where(d)}"
+        return f"host blocked {t} in {d.what}{f' ({where})' if where else ''}"
+    share = first.per_step_ns / row.time_ns if row.time_ns else 0.0
+    if share >= MOST:
+        return f"{words} {t}, most in `{first['name']}`{f' ({where})' if where else ''}"
+    return f"{words} {t}, led by `{first['name']}` ({share:.0%}{f'; {where}' if where else ''})"
 
 
 def _where(d: pd.Series) -> str:
+    """What called an event, in words: ```op` under `annotation``` (or ``in `layer```)."""
     parts = []
     if d.get("op") and d["op"] != d["name"]:
         parts.append(f"`{d['op']}`")
@@ -364,7 +482,7 @@ def _where(d: pd.Series) -> str:
         parts.append(f"under `{d['annotation']}`")
     elif d.get("layer") and d["layer"] != d["name"]:
         parts.append(f"in `{d['layer']}`")
-    return f" ({' '.join(parts)})" if parts else ""
+    return " ".join(parts)
 
 
 def late_rank(trace: Trace, rank) -> int | None:
@@ -444,28 +562,3 @@ def _what(name: str, copy: str | None) -> str:
         if key in low:
             return words
     return f"`{name}`"
-
-
-def fmt_ns(ns: float) -> str:
-    """A duration with a unit and three significant digits."""
-    ns = float(ns)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns:.0f} ns"
-
-
-def short_name(name: str) -> str:
-    """A kernel or op name without template arguments and parameters (``void f<...>(...)`` →
-    ``f``)."""
-    s = re.sub(r"^void\s+", "", name.strip()).replace("(anonymous namespace)::", "")
-    depth, out = 0, []
-    for ch in s:  # drop <...> and (...) at any depth
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)" and depth:
-            depth -= 1
-        elif not depth:
-            out.append(ch)
-    short = "".join(out).strip() or s
-    return short if len(short) <= 80 else short[:77] + "…"

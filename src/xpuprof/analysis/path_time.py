@@ -18,8 +18,12 @@ work class of the work (``analysis.common.work_class``), ``communication`` split
 and ``device_gap`` (gaps between queued work). A ``sync`` piece during which the device ran
 work is that work's class: the host was waiting for it, so the device bounded the run.
 
+Device "kernels" that only synchronise streams (MTIA's ``event_wait``, :data:`DEVICE_WAITS`)
+are no work: on the path they are gaps, charged to the work they wait for.
+
 A part with device work but no host calls linked to it (XPlane TPU traces) has no graph
-path: its timeline is the device's own (work classes, and ``device_idle``).
+path: its timeline is the device's own (work classes, and ``device_idle``), one per device
+when it has several (:func:`device_path_times`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from xpuprof.analysis.common import WORK_CLASSES, merge_intervals, work_class
+from xpuprof.analysis.common import merge_intervals, work_class
+from xpuprof.analysis.path_state import (
+    CATEGORIES,
+    CODE,
+    DEVICE_WAITS,
+    Claims,
+    DeviceState,
+    device_events,
+    inside,
+    unique_sorted,
+)
 from xpuprof.core.names import DEVICE_LEVELS
 from xpuprof.trace.graph import (
     BLOCKING_CALLS,
@@ -46,12 +60,8 @@ from xpuprof.trace.graph import (
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
 
-#: What a piece of the critical path is (``docs/advise.md``), in the order tables list them.
-CATEGORIES: tuple[str, ...] = (
-    "input", "cpu", "outside_ops", "runtime", "launch", "sync", "compute", "memcpy", "memset",
-    "communication", "comm_wait", "device_gap", "other", "device_idle",
-)  # fmt: skip
-CODE = {c: i for i, c in enumerate(CATEGORIES)}
+__all__ = ["CATEGORIES", "CODE", "DEVICE_WAITS", "PathTime", "device_path_times", "path_times"]
+
 #: Categories of host time (the ones an input span can claim).
 HOST = frozenset({"cpu", "outside_ops", "runtime", "launch", "sync"})
 
@@ -77,7 +87,9 @@ class PathTime:
     (-1: none). ``source``: ``"graph"`` (the dependency graph's longest path) or ``"device"``
     (no host→device links: the device timeline). ``inferred``: sync edges added.
     ``device_busy``: whether a device of the part worked at the piece's start (what a rule
-    asks of host time: did the device wait for it?)."""
+    asks of host time: did the device wait for it?). ``device``: the device whose timeline
+    the path is (a part with several devices and no host links gets one path per device,
+    :func:`device_path_times`), -1 for the part's path."""
 
     part: int
     rank: int | None
@@ -89,150 +101,45 @@ class PathTime:
     source: str
     inferred: int
     notes: tuple[str, ...]
+    device: int = -1
 
 
 def path_times(trace: Trace, parts: list[int]) -> dict[int, PathTime]:
     """The labelled critical path of each part, cached on ``trace.memo``."""
     memo = trace.memo.setdefault("analysis.path_time", {})
+    per_device = trace.memo.setdefault("analysis.path_time.devices", {})
     todo = [p for p in parts if p not in memo]
     if todo:
         graphs = dependency_graphs(trace, {p: None for p in todo})
-        dev = _device_events(trace, todo)
+        dev = device_events(trace, todo)
         inputs = _input_claims(trace, todo)
         host_comm = _host_collectives(trace, todo)
         comm_waits = _comm_waits(trace, todo)
         for p in todo:
-            state = DeviceState.of(dev.get(p), comm_waits.get(p))
+            d = dev.get(p)
+            state = DeviceState.of(d, comm_waits.get(p))
             memo[p] = _path_time(trace, graphs[p], state, inputs.get(p), host_comm.get(p))
+            per_device[p] = {}
+            if memo[p].source == "device" and d is not None and d.device.nunique() > 1:
+                # several chips and no host links: each chip's timeline is its own path (a
+                # merged one would call a step "compute" whenever any chip computes)
+                for k, g in d.groupby("device"):
+                    s = DeviceState.of(g, comm_waits.get(p))
+                    per_device[p][int(k)] = _device_only(
+                        graphs[p], s, list(graphs[p].notes), inputs.get(p), host_comm.get(p),
+                        device=int(k))  # fmt: skip
     return {p: memo[p] for p in parts}
 
 
+def device_path_times(trace: Trace, part: int) -> dict[int, PathTime]:
+    """Per device, the path of a part that has several devices and no host work linked to
+    them (an XPlane host with its TPU chips): each device's own timeline. Empty for any
+    other part (its one path, :func:`path_times`, stands for all its devices)."""
+    path_times(trace, [part])
+    return trace.memo["analysis.path_time.devices"][part]
+
+
 # ------------------------------------------------------------------------- device state
-
-
-@dataclass(frozen=True)
-class DeviceState:
-    """What a part's devices do at each instant, as elementary intervals ``bounds[i]`` to
-    ``bounds[i + 1]`` labelled with a category code (-1: idle): compute first, then
-    communication (``comm_wait`` while waiting for the last participant), copies, sets,
-    other work. ``waits``: merged intervals where a collective waited for the last
-    participant, whatever else ran."""
-
-    bounds: np.ndarray
-    label: np.ndarray
-    waits: tuple[np.ndarray, np.ndarray]
-    by_label: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
-
-    @classmethod
-    def of(cls, d: pd.DataFrame | None, waits: tuple[np.ndarray, np.ndarray] | None):
-        no = (np.empty(0, np.int64), np.empty(0, np.int64))
-        waits = merge_intervals(*waits) if waits is not None and len(waits[0]) else no
-        if d is None or d.empty:
-            return cls(np.zeros(1, np.int64), np.empty(0, np.int64), waits, {})
-        s = d.ts.to_numpy(np.int64)
-        e = s + d.dur.to_numpy(np.int64)
-        k = d.work.to_numpy(object)
-        ids = d.id.to_numpy(np.int64)
-        groups = [(CODE[c], merge_intervals(s[k == c], e[k == c])) for c in WORK_CLASSES]
-        groups.insert(1, (CODE["comm_wait"], waits))
-        bounds = _unique(np.concatenate([np.r_[a, b] for _, (a, b) in groups]))
-        label = np.full(max(len(bounds) - 1, 0), -1, np.int64)
-        lo = bounds[:-1]
-        for code, (a, b) in reversed(groups):  # the first group wins: it is written last
-            label[_inside(a, b, lo)] = code
-        by_label = {}
-        for c in WORK_CLASSES:
-            o = np.flatnonzero(k == c)
-            o = o[np.argsort(s[o], kind="stable")]
-            by_label[CODE[c]] = (s[o], e[o], ids[o])
-        by_label[CODE["comm_wait"]] = by_label[CODE["communication"]]
-        return cls(bounds, label, waits, by_label)
-
-    def events_at(self, t: np.ndarray, label: np.ndarray) -> np.ndarray:
-        """The id of a device event of class ``label`` running at each ``t`` (-1: none)."""
-        ev = np.full(len(t), -1, np.int64)
-        for code, (s, e, ids) in self.by_label.items():
-            m = label == code
-            if m.any() and len(s):
-                k = np.maximum(np.searchsorted(s, t[m], side="right") - 1, 0)
-                ev[m] = np.where(e[k] > t[m], ids[k], -1)
-        return ev
-
-    def at(self, t: np.ndarray) -> np.ndarray:
-        """The label at each instant ``t`` (-1: idle or outside)."""
-        if not len(self.label):
-            return np.full(len(t), -1, np.int64)
-        k = np.searchsorted(self.bounds, t, side="right") - 1
-        ok = (k >= 0) & (k < len(self.label))
-        return np.where(ok, self.label[np.clip(k, 0, len(self.label) - 1)], -1)
-
-    def waiting(self, t: np.ndarray) -> np.ndarray:
-        """Whether a collective waits for the last participant at each instant ``t``."""
-        return _inside(*self.waits, t)
-
-
-def _unique(a: np.ndarray) -> np.ndarray:
-    """Sorted distinct values (a sort: numpy's hash-based unique is slower on int64 times)."""
-    a = np.sort(a, kind="stable")
-    return a[np.r_[True, a[1:] != a[:-1]]] if len(a) else a
-
-
-def _inside(lo: np.ndarray, hi: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Whether each ``t`` lies in one of the merged, sorted intervals ``[lo, hi)``."""
-    if not len(lo):
-        return np.zeros(len(t), bool)
-    k = np.searchsorted(lo, t, side="right") - 1
-    return (k >= 0) & (hi[np.maximum(k, 0)] > t)
-
-
-def _device_events(trace: Trace, parts: list[int]) -> dict[int, pd.DataFrame]:
-    """Each part's device work (id, ts, dur, work class): one Arrow scan for all parts, names
-    kept dictionary-encoded so each distinct name is classified once."""
-    t = trace.table(
-        "events",
-        columns=["id", "part", "level", "name", "ts", "dur"],
-        filters=[("level", "in", list(DEVICE_LEVELS))],
-    ).to_pandas()
-    t = t[t["dur"].notna() & (t["dur"] > 0) & t["part"].isin(parts)]
-    if t.empty:
-        return {}
-    t = t.assign(work=work_class(t["level"], t["name"]).to_numpy())
-    return {int(p): g for p, g in t.groupby("part")}
-
-
-@dataclass(frozen=True)
-class Claims:
-    """Host spans that claim the path's host time (input spans, CPU collectives): ``lo``/``hi``
-    merged; ``starts`` sorted, with the id of the span reaching farthest among those started
-    so far (``reach_id``, -1: not an event) and that reach (``reach``)."""
-
-    lo: np.ndarray
-    hi: np.ndarray
-    starts: np.ndarray
-    reach: np.ndarray
-    reach_id: np.ndarray
-
-    @classmethod
-    def of(cls, df: pd.DataFrame | None) -> Claims | None:
-        if df is None or df.empty:
-            return None
-        o = np.argsort(df.ts.to_numpy(np.int64), kind="stable")
-        s = df.ts.to_numpy(np.int64)[o]
-        e = s + df.dur.to_numpy(np.int64)[o]
-        ids = pd.Series(df["id"]).astype("Float64").fillna(-1).to_numpy(np.int64)[o]
-        best = np.maximum.accumulate(np.where(e == np.maximum.accumulate(e),
-                                              np.arange(len(e)), 0))  # fmt: skip
-        lo, hi = merge_intervals(s, e)
-        return cls(lo, hi, s, e[best], ids[best])
-
-    def covers(self, t: np.ndarray) -> np.ndarray:
-        return _inside(self.lo, self.hi, t)
-
-    def id_at(self, t: np.ndarray) -> np.ndarray:
-        """The id of a span covering each ``t`` (-1: none, or not an event)."""
-        k = np.searchsorted(self.starts, t, side="right") - 1
-        kk = np.maximum(k, 0)
-        return np.where((k >= 0) & (self.reach[kk] > t), self.reach_id[kk], -1)
 
 
 @dataclass(frozen=True)
@@ -260,10 +167,10 @@ class HostState:
             o = np.argsort(s[m], kind="stable")
             by_label[CODE[c]] = (s[m][o], en[m][o], e.event[host][m][o].astype(np.int64))
             groups.append((CODE[c], merge_intervals(s[m], en[m])))
-        bounds = _unique(np.concatenate([np.r_[a, b] for _, (a, b) in groups] or [[0]]))
+        bounds = unique_sorted(np.concatenate([np.r_[a, b] for _, (a, b) in groups] or [[0]]))
         label = np.full(max(len(bounds) - 1, 0), -1, np.int64)
         for code, (a, b) in reversed(groups):
-            label[_inside(a, b, bounds[:-1])] = code
+            label[inside(a, b, bounds[:-1])] = code
         return cls(bounds, label, by_label)
 
     def at(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -344,14 +251,17 @@ def _path_time(trace: Trace, g: DependencyGraph, state: DeviceState, inputs: Cla
 
 
 def _device_only(g: DependencyGraph, state: DeviceState, notes: list[str],
-                 inputs: Claims | None, host_comm: Claims | None) -> PathTime:  # fmt: skip
-    """The device timeline as the path; its idle time inside an input span (or a host
-    collective) is what the device waited for."""
-    cuts = [state.bounds] + [x for c in (inputs, host_comm) if c is not None for x in (c.lo, c.hi)]
-    b = _unique(np.concatenate(cuts))
+                 inputs: Claims | None, host_comm: Claims | None,
+                 device: int = -1) -> PathTime:  # fmt: skip
+    """The device timeline as the path (of one ``device``, or of all the part's devices
+    together), each piece charged to the work running then; its idle time inside an input
+    span (or a host collective) is what the device waited for."""
+    cuts = [state.bounds, state.event_bounds] + [x for c in (inputs, host_comm) if c is not None
+                                                 for x in (c.lo, c.hi)]  # fmt: skip
+    b = unique_sorted(np.concatenate(cuts))
     lab = state.at(b[:-1])
     cat = np.where(lab < 0, CODE["device_idle"], lab)
-    ev = np.full(len(cat), -1, np.int64)
+    ev = state.events_at(b[:-1], lab)
     for claims, code in ((host_comm, CODE["communication"]), (inputs, CODE["input"])):
         if claims is not None:
             on = (lab < 0) & claims.covers(b[:-1])
@@ -364,7 +274,8 @@ def _device_only(g: DependencyGraph, state: DeviceState, notes: list[str],
     idle = CODE["device_idle"]
     start, end = np.r_[_FAR, b[:-1], b[-1]], np.r_[b[0], b[1:], -_FAR]
     cat, ev, busy = np.r_[idle, cat, idle], np.r_[-1, ev, -1], np.r_[False, busy, False]
-    return PathTime(g.part, g.rank, start, end, cat, ev, busy, "device", 0, tuple(notes))
+    return PathTime(g.part, g.rank, start, end, cat, ev, busy, "device", 0, tuple(notes),
+                    device)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -436,6 +347,8 @@ def _kinds(trace: Trace) -> dict[int, _Kinds]:
     dev = ~rt
     if dev.any():
         work[dev] = work_class(t["level"][dev], t["name"][dev]).map(CODE).to_numpy(np.int64)
+        waits = cats.isin(DEVICE_WAITS).to_numpy()
+        work[dev & ok & waits[np.maximum(codes, 0)]] = CODE["device_gap"]
     out = {}
     ids, part = t["id"].to_numpy(np.int64), t["part"].to_numpy(np.int64)
     o = np.lexsort((ids, part))
@@ -536,7 +449,7 @@ def _refine(start, end, cat, event, latency, state: DeviceState, threads: HostSt
     is_host = np.isin(cat, [CODE[c] for c in HOST]) & ~latency
     refine = is_host | latency | np.isin(cat, [CODE["communication"], CODE["device_gap"]])
     claims = [c for c in (inputs, host_comm) if c is not None]
-    c = _unique(np.concatenate([state.bounds, *state.waits, threads.bounds,
+    c = unique_sorted(np.concatenate([state.bounds, *state.waits, threads.bounds,
                                   *(x for cl in claims for x in (cl.lo, cl.hi))]))  # fmt: skip
     lo = np.searchsorted(c, start, side="right")
     hi = np.searchsorted(c, end, side="left")
@@ -562,8 +475,11 @@ def _refine(start, end, cat, event, latency, state: DeviceState, threads: HostSt
     waiting = (np.isin(p_cat, [CODE["sync"], CODE["runtime"], CODE["device_gap"]])
                | latency[piece_of]) & (dev >= 0)  # fmt: skip
     p_cat[waiting] = dev[waiting]
-    p_event[waiting] = state.events_at(p_start[waiting], dev[waiting])
     comm = cat[piece_of] == CODE["communication"]
     p_cat[comm & state.waiting(p_start)] = CODE["comm_wait"]
+    # what a waiting piece waits for: each piece of device work that runs through it
+    s, e, i, ev = state.charge(p_start, p_end, p_cat, waiting)
+    p_start, p_end, p_cat = s, e, p_cat[i]
+    p_event = np.where(waiting[i], ev, p_event[i])
     ok = p_end > p_start
     return p_start[ok], p_end[ok], p_cat[ok], p_event[ok]
