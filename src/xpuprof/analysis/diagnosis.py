@@ -272,8 +272,10 @@ def _events(trace: Trace, ev: pd.DataFrame, per_step: pd.DataFrame, top: int) ->
     if ev.empty:
         return pd.DataFrame(columns=cols)
     n_steps = per_step.groupby(["part", "device"]).size()
-    names = pd.Series(names_of(trace, ev.event.to_numpy(np.int64)), index=ev.index)
-    ev = ev.assign(name=names.where(ev.event >= 0, "(no event)"))
+    event = ev.event.to_numpy(np.int64)
+    names = names_of(trace, event)
+    names[event < 0] = "(no event)"
+    ev = ev.assign(name=pd.Series(names, index=ev.index, dtype=object))  # not Arrow strings
     k = ["part", "device", "category", "name"]
     g = ev.groupby(k, as_index=False, sort=False).agg(rank=("rank", "first"), time_ns=("ns", "sum"))
     g = g.sort_values(["part", "device", "category", "time_ns"],
@@ -312,8 +314,15 @@ def names_of(trace: Trace, ids: np.ndarray) -> np.ndarray:
         df = trace.sql("select id, name from events where id in (select id from _dx_names)")
     finally:
         trace.con.unregister("_dx_names")
-    m = dict(zip(df.id.to_numpy(np.int64).tolist(), df.name.tolist(), strict=True))
-    return np.array([m.get(int(i)) for i in ids], dtype=object)
+    order = np.argsort(df.id.to_numpy(np.int64), kind="stable")
+    found = df.id.to_numpy(np.int64)[order]
+    names = np.asarray(df.name.to_numpy(dtype=object, na_value=None), dtype=object)[order]
+    out = np.full(len(ids), None, dtype=object)
+    if len(found):
+        pos = np.minimum(np.searchsorted(found, ids), len(found) - 1)
+        hit = (ids >= 0) & (found[pos] == ids)
+        out[hit] = names[pos[hit]]
+    return out
 
 
 # ------------------------------------------------------------------------------- headline

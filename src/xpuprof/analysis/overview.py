@@ -164,10 +164,14 @@ def _rank_key(rank: object) -> int:
 def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFrame, set[int]]:
     """The breakdown of each step window, and the ranks without device events (keys as
     :func:`_rank_key`)."""
-    ev = trace.sql(
-        "select rank, device, level, name, ts, dur from events where dur is not null "
-        f"and level in ('kernel', 'collective', 'memcpy', 'memset', 'op') and {w}"
-    )
+    cols = "select rank, device, level, name, ts, dur from events where dur is not null and "
+    ev = trace.sql(f"{cols}level in ('kernel', 'collective', 'memcpy', 'memset') and {w}")
+    # framework ops are the compute of ranks without device events only (a CPU run): read
+    # them for those ranks alone (they are most of a GPU trace's rows)
+    cpu = sorted(set(step_rows["rank"].dropna().astype(int)) - set(ev["rank"].dropna().astype(int)))
+    if cpu:
+        ops = trace.sql(f"{cols}level = 'op' and rank in ({', '.join(map(str, cpu))}) and {w}")
+        ev = pd.concat([ev, ops], ignore_index=True) if len(ev) else ops
     # steps on device lines (XLA module runs on each chip of a TPU host): each device's steps
     # are measured on that device's work alone, one row per device and step
     per_device = bool((step_rows["device"] >= 0).any())

@@ -88,6 +88,17 @@ def collectives(
     if align not in ALIGN:
         raise XpuprofError(f"align={align!r}: expected 'auto', 'none' or 'end'")
     where = where_clause(ranks=ranks, steps=steps)
+    # the diagnosis, the advisor and the comm tool ask the same question of one trace: answer
+    # it once (each caller gets its own Result around the shared, read-only tables)
+    key = ("analysis.comm.collectives", where, align)
+    if key not in trace.memo:
+        trace.memo[key] = _collectives(trace, where, align)
+    res = trace.memo[key]
+    return Result(tables=dict(res.tables), notes=list(res.notes), facts=dict(res.facts))
+
+
+def _collectives(trace: Trace, where: str, align: str) -> Result:
+    """:func:`collectives` of the events ``where`` selects."""
     df = trace.sql(
         f"""
         select id, part, rank, device, stream, name, category, ts, dur, bytes, correlation,
