@@ -398,7 +398,8 @@ def _chain(a: Ancestry, by: str, dev: np.ndarray, notes: list[str]) -> tuple:
         nodes = np.flatnonzero(t.level == _LAYER)
         if not nodes.size:
             notes.append("no layer spans in this trace: capture with xpuprof.profile("
-                         "level='layer' or 'op', model=...) or with_stack=True")  # fmt: skip
+                         "level='layer' or 'op', model=...) or with_stack=True; by='op' "
+                         "(--by op) attributes device time to framework ops instead")  # fmt: skip
         key, labels = (t.name, t.names) if by == "layer" else (a.module_type, a.module_types)
         return a.layer[dev], a.layer_up, nodes, key, labels
     if by == "op":
