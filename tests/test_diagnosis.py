@@ -17,6 +17,7 @@ import re
 
 import pytest
 from builders import TraceBuilder
+from captures import capture_layer_level, layer_level
 from conftest import EXAMPLE, shared
 
 import xpuprof
@@ -864,3 +865,99 @@ def test_example_cpu_run(real) -> None:
     assert rules == ["python-overhead"]
     assert recs.iloc[0].path_ms_per_step * 1e6 <= gaps.iloc[0, 0] * 1.05
     assert "CPU run" in facts["headline"]
+
+
+# ------------------------------------------------------- captures without framework ops
+
+
+def test_a_layer_level_capture_is_judged_on_the_host_timeline(tmp_path) -> None:
+    # step 1 starts where its batch fetch starts, at the end of step 0 (100); step 2 at 300:
+    #   step 0 [0, 100):   input 10 (0-10, before the layer), cpu 50, outside 40
+    #   step 1 [100, 300): input 100 (between steps) + 10 = 110, cpu 50, outside 40
+    #   step 2 [300, 550): input 150 + 5 = 155, cpu 50, outside 45
+    # per step: input 275 / 3 = 91.67 µs (275 / 550 = 50 %), cpu 50 (model.fc 30, model 20)
+    tb = TraceBuilder(rank=0)
+    layer_level(tb)
+    with tb.load(tmp_path) as t:
+        dx = diagnosis(t)
+        steps = dx["steps"]
+        assert steps.step_ns.tolist() == [100_000, 200_000, 250_000]
+        assert steps.input_ns.tolist() == [10_000, 110_000, 155_000]
+        assert steps.cpu_ns.tolist() == [50_000] * 3
+        assert steps.outside_ops_ns.tolist() == [40_000, 40_000, 45_000]
+        assert steps.off_path_ns.tolist() == [0] * 3
+        cpu = dx["events"][dx["events"].category == "cpu"].set_index("name")
+        assert cpu.per_step_ns.to_dict() == {"model.fc": 30_000, "model": 20_000}
+        assert dx.facts["bottleneck"] == "input" and dx.facts["path"] == "host"
+        assert dx.facts["bottleneck_share"] == pytest.approx(0.5)
+        assert dx.facts["headline"].startswith("Bottleneck: waiting for input 91.67 µs per step "
+                                               "(50%)")  # fmt: skip
+        facts, rules, recs = advice(t)
+        assert rules == ["input-bound"]  # outside_ops (41.7 µs a step) is below the floor
+        assert "num_workers" in recs.iloc[0].recommendation
+        assert "level='op'" in recs.iloc[0].recommendation
+        assert recs.iloc[0].saved_ms_per_step == pytest.approx(275 / 3 / 1e3)
+        assert recs.iloc[0].events == [0, 3, 6]  # the three step spans
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    """Real level-layer captures of the demo model (``captures.capture_layer_level``), by
+    idiom and collate (slow: sleeps 30 ms; fast: does not), made once per module."""
+    made = {}
+
+    def get(idiom: str, slow: bool):
+        if (idiom, slow) not in made:
+            d = tmp_path_factory.mktemp(f"{idiom}{'_slow' if slow else '_fast'}")
+            made[idiom, slow] = capture_layer_level(d, idiom, 0.03 if slow else 0.0)
+        return made[idiom, slow]
+
+    return get
+
+
+@pytest.mark.parametrize("idiom", ["with", "top"])
+def test_a_slow_collate_at_level_layer_is_the_bottleneck(captured, idiom) -> None:
+    store, waited = captured(idiom, True)
+    with xpuprof.load(store) as t:
+        # evidence: no op is recorded, and the host time between step spans ("with") or
+        # before each step's first layer span ("top") is the stopwatch's wait
+        assert one(t, "select count(*) from events where level = 'op'") == 0
+        gaps = t.sql(
+            "with s as (select step, ts, ts - lag(ts + dur) over (order by ts) as between_ns "
+            "from events where level = 'step'), l as (select step, min(ts) as first from "
+            "events where level = 'layer' group by step) select s.step, s.between_ns, "
+            "l.first - s.ts as before_ns from s join l using (step) order by s.step"
+        ).set_index("step")
+        dx = diagnosis(t)
+        facts, rules, recs = advice(t)
+    first = 1 if idiom == "with" else 0  # "with": the first batch is fetched before step 0
+    wait = gaps.between_ns.fillna(0) + gaps.before_ns
+    per = dx["steps"].set_index("step")
+    for i in range(first, 6):
+        assert per.loc[i, "input_ns"] == pytest.approx(waited[i] * 1e9, rel=0.1, abs=2e6)
+        assert per.loc[i, "input_ns"] == wait.loc[i]
+    assert facts["bottleneck"] == "input"
+    mean = sum(waited[first:]) * 1e9 / 6  # the headline's "per step": over all six steps
+    assert facts["bottleneck_ns_per_step"] == pytest.approx(mean, rel=0.1, abs=2e6)
+    assert facts["headline"].startswith("Bottleneck: waiting for input ")
+    assert f"per step ({facts['bottleneck_share']:.0%})" in facts["headline"]
+    assert rules[0] == "input-bound" and "num_workers" in recs.iloc[0].recommendation
+    assert "python-overhead" not in rules and "host-untraced" not in rules
+    assert not recs.recommendation.str.contains("torch.compile").any()
+    assert "pin_memory" not in recs.iloc[0].recommendation  # a CPU run: nothing to pin for
+
+
+@pytest.mark.parametrize("idiom", ["with", "top"])
+def test_a_fast_collate_at_level_layer_is_not_input(captured, idiom) -> None:
+    store, waited = captured(idiom, False)
+    with xpuprof.load(store) as t:
+        dx = diagnosis(t)
+        facts, rules, recs = advice(t)
+        steps = one(t, "select avg(dur) from events where level = 'step'")
+    # evidence: each fetch takes well under a millisecond, the step's own work several
+    assert max(waited) * 1e9 < 0.1 * steps
+    assert facts["bottleneck"] != "input" and "waiting for input" not in facts["headline"]
+    assert dx["summary"].set_index("category").time_ns.get("input", 0) < 0.05 * steps
+    assert "input-bound" not in rules
+    assert "python-overhead" not in rules and not recs.recommendation.str.contains(
+        "torch.compile").any()  # fmt: skip

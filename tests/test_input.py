@@ -8,11 +8,10 @@ test's own stopwatch around ``next(loader)``, or by hand from the spans a test w
 
 from __future__ import annotations
 
-import time
-
 import pandas as pd
 import pytest
 from builders import TraceBuilder
+from captures import SLEEP_S, capture_layer_level
 from conftest import shared, us_to_ns
 
 import xpuprof
@@ -218,46 +217,11 @@ def test_no_input_spans_is_said_without_empty_tables(tmp_path) -> None:
 # a real capture at level="layer": the DataLoader leaves no span, its time is between-ops
 # ----------------------------------------------------------------------------------------------
 
-SLEEP_S = 0.03
-
 
 def _capture(tmp_path, idiom: str) -> tuple[object, list[float]]:
     """The demo model fed by a real DataLoader whose collate sleeps 30 ms, captured at level
-    ``layer``; ``idiom`` says where the loop fetches its batch. Returns the store's path and
-    the test's own stopwatch reading around each ``next(loader)``."""
-    torch = pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
-    from torch.utils.data import DataLoader
-
-    from xpuprof.workloads.demo import Trainer
-
-    trainer = Trainer(batch=4, seq=32, layers=2)
-    trainer.step()  # warm up outside the capture
-
-    def slow_collate(items):
-        time.sleep(SLEEP_S)
-        return torch.stack(items)
-
-    data = [trainer.data[0] for _ in range(40)]
-    it = iter(DataLoader(data, batch_size=4, collate_fn=slow_collate))
-    waited = []
-    store = tmp_path / idiom
-    with xpuprof.profile(store, level="layer", model=trainer.model, telemetry=False):
-        for i in range(6):
-            if idiom == "with":  # for batch in loader: with xpuprof.step(i): ...
-                t0 = time.perf_counter()
-                batch = next(it)
-                waited.append(time.perf_counter() - t0)
-                with xpuprof.step(i):
-                    trainer.data = batch
-                    trainer.step()
-            else:  # xpuprof.step(i) at the top, then the batch
-                xpuprof.step(i)
-                t0 = time.perf_counter()
-                batch = next(it)
-                waited.append(time.perf_counter() - t0)
-                trainer.data = batch
-                trainer.step()
-    return store, waited
+    ``layer`` (``captures.capture_layer_level``)."""
+    return capture_layer_level(tmp_path, idiom)
 
 
 @pytest.mark.parametrize("idiom", ["with", "top"])

@@ -133,3 +133,63 @@ def test_a_tpu_host_has_one_row_per_chip(tmp_path) -> None:
         steps = res["steps"]
         assert len(steps) == 396 and steps.groupby("device").step.nunique().tolist() == [99] * 4
         assert res.present["summary"].label == "device"
+
+
+def test_a_layer_level_capture_by_hand(tmp_path) -> None:
+    """``xpuprof.profile(level="layer")`` as hand-written spans (µs): ``step#N`` spans of
+    100 µs at 0, 200 and 450, each with a 50 µs ``model`` layer span (10, 10, 5 µs after
+    the step starts). The batch is fetched between steps, so steps 1 and 2 start where step
+    0 and step 1 end: windows of 100, 200 and 250 µs; input 10, 110 and 155 µs (the gap
+    and the time before the layer span); compute 50 µs each (the layer spans: no op is
+    recorded); the rest host-bound idle."""
+    from captures import layer_level
+
+    tb = TraceBuilder(rank=0)
+    layer_level(tb)
+    with tb.load(tmp_path) as t:
+        res = overview(t)
+    s = res["steps"]
+    assert s.step_ns.tolist() == [100_000, 200_000, 250_000]
+    assert s.input_ns.tolist() == [10_000, 110_000, 155_000]
+    assert s.compute_ns.tolist() == [50_000] * 3
+    assert s.host_idle_ns.tolist() == [40_000, 40_000, 45_000]
+    summ = res["summary"].iloc[0]
+    assert summ.input_fraction == pytest.approx(275 / 550)
+    assert summ.compute_fraction == pytest.approx(150 / 550)
+    assert summ.bottleneck == "input-bound"
+    assert res.facts["headline"].startswith("Bottleneck: waiting for input")
+    assert any("layer spans are its compute" in n for n in res.notes)
+
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_a_real_layer_level_capture(tmp_path, slow) -> None:
+    """The demo model fed by a DataLoader whose collate sleeps 30 ms (or not), captured at
+    level ``layer``: the input share comes from the same step windows as the input tool's
+    and the diagnosis' (each starts where its batch fetch starts), and the layer spans are
+    the host's compute."""
+    from captures import capture_layer_level
+
+    from xpuprof.analysis.diagnosis import diagnosis
+    from xpuprof.analysis.input_pipeline import input_pipeline
+
+    store, waited = capture_layer_level(tmp_path, "with", 0.03 if slow else 0.0)
+    with xpuprof.load(store) as t:
+        res = overview(t)
+        inp = input_pipeline(t)
+        dx = diagnosis(t)
+        layers = t.sql("select sum(dur) as ns from events where level = 'layer' and depth = 1")
+    summ = res["summary"].iloc[0]
+    steps = res["steps"]
+    assert steps.step_ns.tolist() == inp["steps"].step_ns.tolist()
+    assert steps.step_ns.tolist() == dx["steps"].step_ns.tolist()
+    assert steps.input_ns.tolist() == inp["steps"].input_ns.tolist()
+    assert summ.input_fraction == pytest.approx(inp.facts["input_fraction"])
+    # compute: the top-level layer spans (the model's forward), not 0
+    assert steps.compute_ns.sum() == layers.ns[0]
+    if slow:  # the stopwatch: steps 1-5 each wait ~30 ms of a ~40 ms window
+        assert steps.input_ns.iloc[1:].sum() == pytest.approx(sum(waited[1:]) * 1e9, rel=0.1)
+        assert summ.input_fraction > 0.4 and summ.bottleneck == "input-bound"
+        assert res.facts["headline"] == dx.facts["headline"]
+        assert res.facts["headline"].startswith("Bottleneck: waiting for input")
+    else:
+        assert summ.input_fraction < 0.05 and summ.bottleneck != "input-bound"

@@ -13,6 +13,7 @@ import numpy as np
 from xpuprof.advise.findings import Context, Finding, per_step
 from xpuprof.analysis.common import number_ranges
 from xpuprof.analysis.diagnosis import describe, fmt_ns
+from xpuprof.analysis.input_pipeline import MODERATELY_INPUT_BOUND
 from xpuprof.analysis.platform import GRAPH_LAUNCHES
 
 if TYPE_CHECKING:
@@ -322,7 +323,9 @@ def outside_ops(ctx: Context) -> list[Finding]:
     """Host time between framework ops on the path: Python and dispatch on a CPU run;
     untraced host code on a device run, when the device idles through it."""
     t, idle = ctx.time("outside_ops"), ctx.device_idle("outside_ops")
-    if not ctx.above_floor(t):
+    if not ctx.above_floor(t) or host_timeline(ctx):
+        # a step/layer capture: its time outside layer spans is the loss, the backward pass
+        # and the optimizer as much as Python; nothing at that level tells them apart
         return []
     if ctx.platform.vendor == "cpu":
         return [ctx.finding(
@@ -348,10 +351,24 @@ def outside_ops(ctx: Context) -> list[Finding]:
 # ----------------------------------------------------------------------------- input
 
 
+def host_timeline(ctx: Context) -> bool:
+    """Whether the judged path is the host timeline of a capture without framework ops
+    (level ``step`` or ``layer``: ``analysis.path_time``'s ``host`` path)."""
+    return ctx.diagnosis.facts.get("path") == "host"
+
+
 def input_bound(ctx: Context) -> list[Finding]:
     """The path waits for input: the change depends on who loads it."""
     t = ctx.time("input")
     top = ctx.top("input", 3)
+    e = ctx.events[ctx.events.category == "input"]
+    # input charged to no event: host time with no span between steps (``between-ops``).
+    # Inferred, it holds the loop's own glue too, so it must make the step at least
+    # moderately input-bound (XProf's 5 %, what the input tool calls input-bound)
+    between = float(e.per_step_ns[e.name == "(no event)"].sum())
+    if between >= 0.5 * t:
+        moderate = t >= MODERATELY_INPUT_BOUND * ctx.step_ns
+        return [_between_steps(ctx, t, between)] if ctx.above_floor(t) and moderate else []
     if not ctx.above_floor(t) or top.empty:
         return []
     name = str(top.name.iloc[0])
@@ -390,6 +407,30 @@ def input_bound(ctx: Context) -> list[Finding]:
         "critical path",
         f"`{name}` {fmt_ns(top.per_step_ns.iloc[0])}{ctx.each}{_steps(top.iloc[0], ', ')}"
         f"{_utilization(ctx)}", bound(ctx, t, "input"), t, ctx.ids("input"))]  # fmt: skip
+
+
+def _between_steps(ctx: Context, t: float, between: float) -> Finding:
+    """Input found as host time with no recorded span between steps (a capture without
+    framework ops): the loop's own batch fetch, whatever loads it."""
+    ids = ctx.trace.sql(
+        f"select id from events where {ctx.where(device=False)} and level = 'step' and "
+        "device < 0 order by ts limit 20"
+    ).id.tolist()
+    pin = "pin_memory=True, " if ctx.platform.gpu else ""
+    return ctx.finding(
+        "input-bound", "input",
+        "Fetch the next batch while the step computes: the loop's own batch fetch between "
+        "steps (`next(loader)`: reading, transforms, collate) is what each step waits for. "
+        f"Load in worker processes (`DataLoader(num_workers=N, {pin}persistent_workers=True, "
+        "prefetch_factor=2)`), or prefetch in a background thread. To see what the fetch "
+        "does, capture at level='op' or with torch.profiler (the DataLoader's "
+        "`enumerate(DataLoader)#…` span then names the iterator)",
+        f"{'the step' if ctx.steps else 'the host'} waits for input {per_step(t, ctx)} on the "
+        "critical path, in the loop's batch fetch",
+        "no framework ops recorded (capture level step or layer), so the loader leaves no "
+        f"span: host time with none between step spans or before a step's first layer span, "
+        f"{fmt_ns(between)}{ctx.each}{_utilization(ctx)}", bound(ctx, t, "input"), t,
+        [int(i) for i in ids])  # fmt: skip
 
 
 HOST_RULES = (host_sync, launch_overhead, framework_cpu, runtime_calls, outside_ops, input_bound)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from xpuprof.advise import comm, device, host
-from xpuprof.advise.findings import FLOOR_NS, FLOOR_SHARE, Context, Finding
+from xpuprof.advise.findings import FLOOR_NS, FLOOR_SHARE, Context, Finding, per_step
 from xpuprof.analysis.common import Result, StepSelection
 
 if TYPE_CHECKING:
@@ -125,6 +125,12 @@ def advise(
     }  # fmt: skip
     res.facts |= {k: v for k, v in dx.facts.items()
                   if k == "headline" or k.startswith("bottleneck")}  # fmt: skip
+    if host.host_timeline(ctx) and ctx.above_floor(ctx.time("outside_ops")):
+        res.notes.append(
+            f"{per_step(ctx.time('outside_ops'), ctx)} of the path runs outside layer spans "
+            "(the loss, the backward pass and optimizer without backward layer spans, Python): "
+            "a capture at level step or layer cannot tell them apart; capture at level='op' "
+            "(or with torch.profiler) to see which ops it is")  # fmt: skip
     if not findings:
         res.notes.append(
             f"no rule found a change above the noise floor ({FLOOR_SHARE:.0%} of the "

@@ -8,7 +8,9 @@ piece of a step is one of :data:`~xpuprof.analysis.path_time.CATEGORIES`; the bo
 rank is the category with the most time per step (``device_gap``, the µs between queued
 kernels, is never one). ``docs/advise.md`` defines the categories and the headline.
 
-Step windows are the rank's host step spans (``level = 'step'``); a rank whose steps lie on
+Step windows are the rank's host step spans (``level = 'step'``), started earlier where the
+input a ``step``/``layer`` capture finds between step spans belongs to the step
+(``input_pipeline.step_starts``); a rank whose steps lie on
 device lines only (XLA module runs) has each device's own windows; a rank without any is one
 window from its first to its last event. A rank with several devices and no host work linked
 to them (an XPlane host with its TPU chips) is judged **per device**: each chip's timeline
@@ -27,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from xpuprof.analysis.common import Result, StepSelection, number_ranges, step_mode
+from xpuprof.analysis.input_pipeline import step_starts
 from xpuprof.analysis.path_time import CATEGORIES, PathTime, device_path_times, path_times
 from xpuprof.core.text import human_time, short_name
 
@@ -145,11 +148,13 @@ def _units(trace: Trace, parts: list[int], steps: StepSelection,
     )
     out: list[tuple[PathTime, pd.DataFrame]] = []
     lone = []
+    lead = _lead_inputs(trace, parts)
     for p in parts:
         pt, per_device = paths[p], device_path_times(trace, p)
         mine = st[st.part == p]
         host = mine[mine.device < 0]
         if len(host):
+            host = host.assign(ts=step_starts(host, lead, by="part"))
             w = _select(host, mode, numbers)
             out += [(d, w) for d in per_device.values()] if per_device else [(pt, w)]
         elif len(mine):
@@ -170,6 +175,16 @@ def _units(trace: Trace, parts: list[int], steps: StepSelection,
             out += ([(d, w) for d in per_device.values()] if per_device
                     else [(paths[int(r.part)], w)])  # fmt: skip
     return [(pt, w) for pt, w in out if len(w)]
+
+
+def _lead_inputs(trace: Trace, parts: list[int]) -> pd.DataFrame | None:
+    """The parts' input spans (``analysis.inputs``), whose ``between-ops`` rows start a step
+    before its span (``input_pipeline.step_starts``: a ``step``/``layer`` capture fetches
+    the batch between step spans)."""
+    from xpuprof.analysis.inputs import input_spans_by_part
+
+    spans = [g for g in input_spans_by_part(trace, parts).values() if len(g)]
+    return pd.concat(spans, ignore_index=True) if spans else None
 
 
 def _select(g: pd.DataFrame, mode: str, numbers: list[int] | None) -> pd.DataFrame:
@@ -463,12 +478,17 @@ def phrase(trace: Trace, row: pd.Series, events: pd.DataFrame, part: int, rank,
     plat = platform_of(trace, part)
     rt = plat.runtime
     words = PHRASE[category].format(runtime=f"{rt} " if rt else "")
+    host = path_times(trace, [part])[part].source == "host"  # a step/layer capture
     if category == "cpu" and plat.vendor == "cpu":
-        words = "framework ops (a CPU run's compute)"
+        words = "work in layer spans" if host else "framework ops (a CPU run's compute)"
+    if category == "outside_ops" and host:
+        words = "host time outside layer spans (loss, backward, optimizer, Python)"
     if category == "comm_wait":
         late = late_rank(trace, rank)
         return f"{words}{f' for rank {late}' if late is not None else ''} {t}"
     names = top_names(trace, events, part, device, category)
+    if category == "input" and names.empty:  # charged to no event: host time between steps
+        return f"{words} {t} in the loop's batch fetch (no span recorded)"
     if names.empty or category in ("outside_ops", "device_gap", "device_idle"):
         return f"{words} {t}"
     first = names.iloc[0]

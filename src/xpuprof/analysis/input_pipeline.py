@@ -390,6 +390,30 @@ def _by_name(spans: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def step_starts(windows: pd.DataFrame, spans: pd.DataFrame, by: str = "rank") -> np.ndarray:
+    """Where each step's time starts: the window's ``ts``, or the start of the
+    ``between-ops`` input attributed to that step (:func:`input_spans`) when earlier. At the
+    step and layer capture levels a loop fetches the step's batch before its span opens, and
+    the step waits for it, so that wait is part of the step for every tool that measures
+    steps (``docs/steps.md``). ``windows``: one row per step, columns ``by`` (``rank`` or
+    ``part``), ``step``, ``ts``; ``spans``: the same key columns, ``ts`` and ``kind``."""
+    ts = windows["ts"].to_numpy(np.int64)
+    if spans is None or spans.empty or "kind" not in spans:
+        return ts.copy()
+    lead = spans[(spans["kind"] == "between-ops").fillna(False).to_numpy(bool)]
+    if lead.empty:
+        return ts.copy()
+
+    def key(df: pd.DataFrame) -> pd.MultiIndex:
+        return pd.MultiIndex.from_arrays(
+            [pd.Series(df[c]).astype("Float64").fillna(-1).astype(np.int64).to_numpy()
+             for c in (by, "step")])  # fmt: skip
+
+    first = pd.Series(lead["ts"].to_numpy(np.int64), index=key(lead)).groupby(level=[0, 1]).min()
+    far = np.iinfo(np.int64).max
+    return np.minimum(ts, first.reindex(key(windows), fill_value=far).to_numpy(np.int64))
+
+
 def _per_step(step_rows: pd.DataFrame, spans: pd.DataFrame, busy: pd.DataFrame) -> pd.DataFrame:
     """Per step: its window (the step's spans, extended back over the between-ops input
     before it), the union of the rank's input spans inside it, the part of that when none of
@@ -399,17 +423,17 @@ def _per_step(step_rows: pd.DataFrame, spans: pd.DataFrame, busy: pd.DataFrame) 
     b_e = busy.e.to_numpy(np.int64)
     rows = []
     span_rank = spans["rank"].fillna(-1).to_numpy()
-    span_step = spans["step"].fillna(-1).to_numpy()
     s_all = spans.ts.to_numpy(np.int64)
     e_all = s_all + spans.dur.to_numpy(np.int64)
-    before = (spans.kind == "between-ops").to_numpy()
-    for (rank, step), st in step_rows.groupby(["rank", "step"], dropna=False, sort=True):
+    w = (step_rows.assign(end=step_rows.ts + step_rows.dur)
+         .groupby(["rank", "step"], dropna=False, sort=True)
+         .agg(ts=("ts", "min"), end=("end", "max")).reset_index())  # fmt: skip
+    w["ts"] = step_starts(w, spans)
+    for rank, step, t0, t1 in zip(w["rank"], w["step"], w.ts.tolist(), w.end.tolist(),
+                                  strict=True):  # fmt: skip
         r = -1 if pd.isna(rank) else rank
         mine = span_rank == r
-        t0, t1 = int(st.ts.min()), int((st.ts + st.dur).max())
-        lead = mine & before & (span_step == (-1 if pd.isna(step) else step))
-        if lead.any():
-            t0 = min(t0, int(s_all[lead].min()))
+        t0, t1 = int(t0), int(t1)
         s = np.clip(s_all[mine], t0, t1)
         e = np.clip(e_all[mine], t0, t1)
         keep = e > s

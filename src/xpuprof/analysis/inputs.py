@@ -31,12 +31,12 @@ INPUT_NAME = re.compile(
     re.IGNORECASE,
 )
 
-COLUMNS = ["part", "id", "ts", "dur", "name"]
+COLUMNS = ["part", "id", "ts", "dur", "name", "step", "kind"]
 
 
 def input_spans_by_part(trace: Trace, parts: list[int]) -> dict[int, pd.DataFrame]:
     """The input spans of each of ``parts`` (columns ``id`` (null: not an event), ``ts``,
-    ``dur``, ``name``)."""
+    ``dur``, ``name``, ``step``, ``kind``: ``input_pipeline.KINDS``, null when unknown)."""
     df = _spans(trace)
     return {int(p): g for p, g in df.groupby("part") if int(p) in parts}
 
@@ -73,8 +73,9 @@ def _from_input_pipeline(trace: Trace) -> pd.DataFrame | None:
     single = len(trace.sources) == 1  # one source: whatever rank it says, it is that part
     if single and out.empty:
         out = spans.assign(part=trace.sources[0]["part"])
-    if "id" not in out:
-        out["id"] = pd.NA
+    for c in ("id", "step", "kind"):
+        if c not in out:
+            out[c] = pd.NA
     return out[COLUMNS].dropna(subset=["ts", "dur"]).reset_index(drop=True)
 
 
@@ -89,6 +90,6 @@ def _by_name(trace: Trace) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     lst = ", ".join("'" + n.replace("'", "''") + "'" for n in wanted)
     return trace.sql(
-        f"select part, id, ts, dur, name from events where device < 0 and dur > 0 and name in "
-        f"({lst})"
+        f"select part, id, ts, dur, name, step, null as kind from events where device < 0 and "
+        f"dur > 0 and name in ({lst})"
     )

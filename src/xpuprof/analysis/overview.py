@@ -16,7 +16,10 @@ Where the steps lie on device lines (XLA module runs on each chip of a TPU host,
 process drives as one rank), each device is its own row: its steps, measured on its own work.
 
 A rank without device events is a CPU run: the host's framework ops are its compute and the
-same rules apply to them (column ``host_only`` of the summary, and a note).
+same rules apply to them (column ``host_only`` of the summary, and a note); without ops either
+(an xpuprof capture at level ``layer``), its layer spans are. At the ``step`` and ``layer``
+levels a step's time starts where the input fetched before its span starts
+(``input_pipeline.step_starts``), as in every tool.
 
 These fractions are aggregates: they say how busy the device was, not why. The
 **bottleneck** of each rank and the headline come from the critical path
@@ -44,6 +47,7 @@ from xpuprof.analysis.common import (
     where_clause,
     work_class,
 )
+from xpuprof.analysis.input_pipeline import step_starts
 from xpuprof.core.errors import XpuprofError
 from xpuprof.core.result import Presentation
 
@@ -126,7 +130,15 @@ def overview(
             return res
     per_step, host_only = _per_step(trace, w, step_rows)
     if host_only:
-        res.notes.append("no device events: a CPU run; the host's framework ops are its compute")
+        n = trace.sql(
+            "select count(*) filter (where level = 'op') as ops, count(*) filter "
+            f"(where level = 'layer') as layers from events where {w}"
+        ).iloc[0]
+        res.notes.append("no device events: a CPU run; " + (
+            "the host's framework ops are its compute" if n.ops else
+            "no framework ops recorded (capture level step or layer): the host's layer spans "
+            "are its compute" if n.layers else "no framework ops or layer spans recorded "
+            "(capture level step): its compute cannot be told from the rest"))  # fmt: skip
     res.tables["steps"] = per_step
     dx = _diagnosis(trace, ranks, steps)
     # the roofline tells memory- from compute-bound device work: needed (and paid for) only
@@ -171,11 +183,26 @@ def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFra
     cpu = sorted(set(step_rows["rank"].dropna().astype(int)) - set(ev["rank"].dropna().astype(int)))
     if cpu:
         ops = trace.sql(f"{cols}level = 'op' and rank in ({', '.join(map(str, cpu))}) and {w}")
+        # no framework ops either (an xpuprof capture at level layer): its layer spans are
+        # the framework's work as that level sees it
+        bare = sorted(set(cpu) - set(ops["rank"].dropna().astype(int)))
+        if bare:
+            layers = trace.sql(f"{cols}level = 'layer' and rank in "
+                               f"({', '.join(map(str, bare))}) and {w}")  # fmt: skip
+            ops = pd.concat([ops, layers], ignore_index=True) if len(ops) else layers
         ev = pd.concat([ev, ops], ignore_index=True) if len(ev) else ops
     # steps on device lines (XLA module runs on each chip of a TPU host): each device's steps
     # are measured on that device's work alone, one row per device and step
     per_device = bool((step_rows["device"] >= 0).any())
     inp = _input_spans(trace, w)
+    # a step/layer capture fetches each batch between step spans: the step starts there
+    host = (step_rows["device"] < 0).to_numpy()
+    if host.any():
+        starts = step_starts(step_rows[host], inp)
+        step_rows = step_rows.copy()
+        end = (step_rows.ts + step_rows.dur)[host]
+        step_rows.loc[host, "ts"] = starts
+        step_rows.loc[host, "dur"] = end.to_numpy() - starts
     ev_rank = ev["rank"].fillna(-1)
     inp_rank = inp["rank"].fillna(-1)
     rows = []
@@ -190,7 +217,7 @@ def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFra
             dev = dev[dev.device == unit[1]]
         if dev.empty:
             host_only.add(key)
-            dev = re_[re_.level == "op"]
+            dev = re_[re_.level.isin(["op", "layer"])]
             kinds = np.full(len(dev), "compute", dtype=object)
         else:
             kinds = work_class(dev.level, dev.name).to_numpy()
@@ -214,10 +241,10 @@ def _input_spans(trace: Trace, w: str) -> pd.DataFrame:
     rank_of = {s["part"]: s["rank"] for s in trace.sources}
     spans = input_spans_by_part(trace, list(rank_of))
     if not spans:
-        return pd.DataFrame({"rank": [], "ts": [], "dur": []})
+        return pd.DataFrame({"rank": [], "ts": [], "dur": [], "step": [], "kind": []})
     df = pd.concat([g.assign(rank=rank_of[p]) for p, g in spans.items()], ignore_index=True)
     df["rank"] = df["rank"].astype("Float64")
-    return df[["rank", "ts", "dur"]]
+    return df[["rank", "ts", "dur", "step", "kind"]]
 
 
 def _groups(dev: pd.DataFrame, kinds: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:

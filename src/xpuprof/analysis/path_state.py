@@ -184,3 +184,20 @@ class Claims:
         k = np.searchsorted(self.starts, t, side="right") - 1
         kk = np.maximum(k, 0)
         return np.where((k >= 0) & (self.reach[kk] > t), self.reach_id[kk], -1)
+
+
+def innermost(spans: pd.DataFrame, t: np.ndarray) -> np.ndarray:
+    """The id of the deepest span of ``spans`` (``id``, ``pid``, ``tid``, ``depth``, ``ts``,
+    ``e``) covering each instant ``t`` (-1: none): its own time, as an op's self time is its
+    own. One numpy pass per thread and depth, shallowest first, so a deeper span wins."""
+    out = np.full(len(t), -1, np.int64)
+    if spans.empty or not len(t):
+        return out
+    spans = spans.assign(depth=spans["depth"].fillna(0)).sort_values("ts", kind="stable")
+    for _, g in spans.groupby(["depth", "pid", "tid"], sort=True, dropna=False):
+        s, e = g["ts"].to_numpy(np.int64), g["e"].to_numpy(np.int64)
+        k = np.searchsorted(s, t, side="right") - 1
+        kk = np.maximum(k, 0)
+        hit = (k >= 0) & (e[kk] > t)
+        out[hit] = g["id"].to_numpy(np.int64)[kk[hit]]
+    return out

@@ -23,7 +23,9 @@ are no work: on the path they are gaps, charged to the work they wait for.
 
 A part with device work but no host calls linked to it (XPlane TPU traces) has no graph
 path: its timeline is the device's own (work classes, and ``device_idle``), one per device
-when it has several (:func:`device_path_times`).
+when it has several (:func:`device_path_times`). A part with neither framework ops, runtime
+calls nor device work (an xpuprof capture at level ``step`` or ``layer``) has the host's own
+timeline: ``input``, ``cpu`` in layer spans, ``outside_ops`` (:func:`_host_only`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from xpuprof.analysis.path_state import (
     Claims,
     DeviceState,
     device_events,
+    innermost,
     inside,
     unique_sorted,
 )
@@ -84,8 +87,9 @@ LAUNCH_CALL = re.compile(r"Launch|MemsetAsync|^enqueueCommand|^runFunction", re.
 class PathTime:
     """One part's critical path as pieces ``[start, end)`` (ns, disjoint, in time order),
     each with a ``category`` code (:data:`CATEGORIES`) and the ``event`` it is charged to
-    (-1: none). ``source``: ``"graph"`` (the dependency graph's longest path) or ``"device"``
-    (no host→device links: the device timeline). ``inferred``: sync edges added.
+    (-1: none). ``source``: ``"graph"`` (the dependency graph's longest path), ``"device"``
+    (no host→device links: the device timeline) or ``"host"`` (no ops, runtime calls or
+    device work: the host timeline of a ``step``/``layer`` capture). ``inferred``: sync edges added.
     ``device_busy``: whether a device of the part worked at the piece's start (what a rule
     asks of host time: did the device wait for it?). ``device``: the device whose timeline
     the path is (a part with several devices and no host links gets one path per device,
@@ -222,9 +226,7 @@ def _path_time(trace: Trace, g: DependencyGraph, state: DeviceState, inputs: Cla
         if len(state.label):  # device work the graph cannot reach: the device timeline
             return _device_only(g, state, notes, inputs, host_comm)
     if not len(g.nodes):
-        empty = np.empty(0, np.int64)
-        return PathTime(g.part, g.rank, empty, empty, empty, empty, empty.astype(bool), "graph",
-                        0, tuple(notes))  # fmt: skip
+        return _host_only(trace, g, notes, inputs)
     info = _call_info(trace, g)
     aug, inferred = with_inferred_syncs(g, info)
     if inferred:
@@ -276,6 +278,54 @@ def _device_only(g: DependencyGraph, state: DeviceState, notes: list[str],
     cat, ev, busy = np.r_[idle, cat, idle], np.r_[-1, ev, -1], np.r_[False, busy, False]
     return PathTime(g.part, g.rank, start, end, cat, ev, busy, "device", 0, tuple(notes),
                     device)  # fmt: skip
+
+
+#: Host spans that show what a host without framework ops runs: layer spans (module calls)
+#: are the framework's work; the others name the code around it.
+_HOST_SPANS = ("layer", "annotation", "python", "step")
+
+
+def _host_only(trace: Trace, g: DependencyGraph, notes: list[str],
+               inputs: Claims | None) -> PathTime:  # fmt: skip
+    """The host timeline as the path of a part with no framework ops, runtime calls or
+    device work (an xpuprof capture at level ``step`` or ``layer``): each instant is
+    ``input`` in an input span (the ``between-ops`` input of ``input_pipeline.input_spans``:
+    where the loop fetches its batch), else ``cpu`` in a layer span (the framework's work as
+    this level sees it, charged to the innermost layer span: its own time), else
+    ``outside_ops`` (the loss, and the backward pass and optimizer when they have no layer
+    spans; charged to the innermost annotation, Python frame or step span around it)."""
+    levels = ", ".join(f"'{x}'" for x in _HOST_SPANS)
+    df = trace.sql(
+        "select id, pid, tid, level, depth, ts, ts + dur as e from events where "
+        f"part = {g.part} and device < 0 and dur > 0 and level in ({levels})"
+    )
+    if df.empty and inputs is None:
+        empty = np.empty(0, np.int64)
+        return PathTime(g.part, g.rank, empty, empty, empty, empty, empty.astype(bool), "graph",
+                        0, tuple(notes))  # fmt: skip
+    cuts = [df.ts.to_numpy(np.int64), df.e.to_numpy(np.int64)]
+    if inputs is not None:
+        cuts += [inputs.lo, inputs.hi]
+    b = unique_sorted(np.concatenate(cuts))
+    start, end = np.r_[_FAR, b], np.r_[b, -_FAR]
+    layer = df.level == "layer"
+    cat = np.full(len(start), CODE["outside_ops"], np.int64)
+    event = innermost(df[~layer], start)
+    own = innermost(df[layer], start)
+    cat[own >= 0], event[own >= 0] = CODE["cpu"], own[own >= 0]
+    if inputs is not None:
+        on = inputs.covers(start)
+        cat[on], event[on] = CODE["input"], inputs.id_at(start[on])
+    level = next((s.get("meta", {}).get("xpuprof_capture", {}).get("level") for s in
+                  trace.sources if s["part"] == g.part), None)  # fmt: skip
+    notes = [n for n in notes if "graph is empty" not in n]
+    notes.append(f"part {g.part}: no framework ops, runtime calls or device work recorded"
+                 f"{f' (capture level {level})' if level else ''}: its path is the host "
+                 "timeline (input between steps and in input spans, CPU work in layer spans, "
+                 "the rest outside ops: the loss, backward and optimizer are not told apart "
+                 "at this level)")  # fmt: skip
+    return PathTime(g.part, g.rank, start, end, cat, event, np.zeros(len(start), bool), "host",
+                    0, tuple(notes))  # fmt: skip
 
 
 @dataclass(frozen=True)
