@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from xpuprof.analysis.common import Result, StepSelection, number_ranges, step_mode
 from xpuprof.analysis.input_pipeline import step_starts
@@ -287,10 +288,9 @@ def _events(trace: Trace, ev: pd.DataFrame, per_step: pd.DataFrame, top: int) ->
     if ev.empty:
         return pd.DataFrame(columns=cols)
     n_steps = per_step.groupby(["part", "device"]).size()
-    event = ev.event.to_numpy(np.int64)
-    names = names_of(trace, event)
-    names[event < 0] = "(no event)"
-    ev = ev.assign(name=pd.Series(names, index=ev.index, dtype=object))  # not Arrow strings
+    # by a code of the name, in the names' order (hashing strings per row costs the most)
+    code, names = _name_codes(trace, ev.event.to_numpy(np.int64))
+    ev = ev.assign(name=code)
     k = ["part", "device", "category", "name"]
     g = ev.groupby(k, as_index=False, sort=False).agg(rank=("rank", "first"), time_ns=("ns", "sum"))
     g = g.sort_values(["part", "device", "category", "time_ns"],
@@ -312,31 +312,38 @@ def _events(trace: Trace, ev: pd.DataFrame, per_step: pd.DataFrame, top: int) ->
     unit = pd.MultiIndex.from_frame(g[["part", "device"]])
     g["per_step_ns"] = g.time_ns.to_numpy() / n_steps.reindex(unit).to_numpy()
     g["category"] = np.asarray(CATEGORIES, dtype=object)[g.category.to_numpy(np.int64)]
+    g["name"] = pd.Series(names[g.name.to_numpy(np.int64)], index=g.index)  # as grouped
     g["rank"] = g["rank"].astype("Int64")
     return g[cols]
 
 
+def _name_codes(trace: Trace, event: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per event id, a code of its name (``(no event)`` for -1, -1 where no name), numbered in
+    the names' sort order, and the names: read dictionary-encoded, each converted once."""
+    trace.con.register("_dx_codes", pa.table({"id": np.unique(event[event >= 0])}))
+    try:
+        tb = trace.con.sql("select id, name from events where id in (select id from _dx_codes) "
+                           "order by id").to_arrow_table()  # fmt: skip
+    finally:
+        trace.con.unregister("_dx_codes")
+    found, enc = tb["id"].to_numpy(), tb["name"].combine_chunks().dictionary_encode()
+    code, uniq = pd.factorize(np.array([*enc.dictionary.to_pylist(), "(no event)"], object),
+                              sort=True)  # fmt: skip
+    idx = enc.indices.fill_null(-1).to_numpy()
+    of_found = np.r_[np.where(idx >= 0, code[np.maximum(idx, 0)], -1), -1]
+    pos = np.minimum(np.searchsorted(found, event), len(found))
+    hit = pos < len(found)
+    hit[hit] = found[pos[hit]] == event[hit]
+    out = np.where(hit, of_found[np.where(hit, pos, len(found))], -1)
+    return np.where(event < 0, code[-1], out), np.asarray(uniq, dtype=object)
+
+
 def names_of(trace: Trace, ids: np.ndarray) -> np.ndarray:
     """The name of each event id (None for -1)."""
-    import pyarrow as pa
-
     ids = np.asarray(ids, np.int64)
-    want = np.unique(ids[ids >= 0])
-    if not len(want):
-        return np.full(len(ids), None, dtype=object)
-    trace.con.register("_dx_names", pa.table({"id": pa.array(want, pa.int64())}))
-    try:
-        df = trace.sql("select id, name from events where id in (select id from _dx_names)")
-    finally:
-        trace.con.unregister("_dx_names")
-    order = np.argsort(df.id.to_numpy(np.int64), kind="stable")
-    found = df.id.to_numpy(np.int64)[order]
-    names = np.asarray(df.name.to_numpy(dtype=object, na_value=None), dtype=object)[order]
-    out = np.full(len(ids), None, dtype=object)
-    if len(found):
-        pos = np.minimum(np.searchsorted(found, ids), len(found) - 1)
-        hit = (ids >= 0) & (found[pos] == ids)
-        out[hit] = names[pos[hit]]
+    code, names = _name_codes(trace, ids)
+    out, ok = np.full(len(ids), None, dtype=object), (ids >= 0) & (code >= 0)
+    out[ok] = names[code[ok]]
     return out
 
 

@@ -331,6 +331,10 @@ def _memory_shares(
     """Per rank, the share of timed work with a known roofline position that is
     memory-bound (below the device's ridge point); ranks with none known are absent. One
     roofline run for all ranks."""
+    ranks = None if ranks is None else sorted({int(r) for r in ranks})
+    every = [s["rank"] for s in trace.sources]
+    if ranks is not None and None not in every and ranks == sorted({int(r) for r in every}):
+        ranks = None  # every rank: the event tree the diagnosis built already serves
     try:
         from xpuprof.analysis.roofline import roofline
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from xpuprof.analysis.common import Result, steps_mask, where_clause
+from xpuprof.analysis.common import Result, step_mode, steps_mask, where_clause
 from xpuprof.analysis.cupti import CUPTI_COUNTERS, cupti_kernels  # noqa: F401  (re-exported)
 from xpuprof.core.errors import XpuprofError
 from xpuprof.core.raw import decode_json
@@ -178,15 +178,19 @@ def _metrics(df: pd.DataFrame, specs: list[DeviceSpec | None], matrix: np.ndarra
     names = np.full(n, None, dtype=object)
     dt = df["dtype"].to_numpy()
     # one peak() call per distinct (device, precision, matrix) combination
-    sid = np.array([id(s) for s in specs], dtype=np.int64) if n else np.empty(0, np.int64)
+    # (integer codes: factorizing a MultiIndex of object columns costs more than the rest)
     by_id = {id(s): s for s in specs}
-    combos = pd.DataFrame({"s": sid, "d": dt, "m": np.asarray(matrix, bool)})
-    codes, uniq = pd.factorize(pd.MultiIndex.from_frame(combos)) if n else ([], [])
-    for c, (s_id, d, m) in enumerate(uniq):
-        s = by_id[s_id]
+    s_ids = np.unique(np.array(list(by_id), np.int64))
+    sid = np.array([id(s) for s in specs], dtype=np.int64) if n else np.empty(0, np.int64)
+    s_code = np.searchsorted(s_ids, sid)
+    d_code, d_values = pd.factorize(pd.Series(dt, dtype=object), use_na_sentinel=False)
+    key = (s_code * max(len(d_values), 1) + d_code) * 2 + np.asarray(matrix, bool)
+    uniq, first, codes = np.unique(key, return_index=True, return_inverse=True)
+    for c, i in enumerate(first.tolist()):
+        s, d, m = specs[i], d_values[d_code[i]], bool(matrix[i])
         if s is None:
             continue
-        rows = codes == c
+        rows = codes.reshape(-1) == c
         p, k = s.peak(d, matrix=bool(m))
         peak[rows] = np.nan if p is None else p
         peak_key[rows] = k
@@ -258,7 +262,12 @@ def _ops(
     from xpuprof.costmodel.call import EXACT_KINDS
     from xpuprof.costmodel.ops import op_kind
 
-    t = trace.tree(ranks, columns=("flops", "bytes", "dur", "step", "correlation"))
+    # ops, their ancestors and the runtime calls that launched kernels are host events: the
+    # host tree holds all of them (and is the one the diagnosis builds); only dropping the
+    # last step needs every step span, device lines' included
+    host_only = step_mode(steps)[0] != "drop-last"
+    t = trace.tree(ranks, host_only=host_only,
+                   columns=("flops", "bytes", "dur", "step", "correlation"))  # fmt: skip
     has = t.is_level("op") & ~np.isnan(t.flops)
     outer = t.outermost_with_value(has)
     outer &= ~((t.flops == 0) & ~(t.bytes > 0))  # views and allocations: no work at all
@@ -289,13 +298,18 @@ def _ops(
     )
     # ops on a device without a launch recorded: no device to judge them on
     dev_index = np.where(on_device, op_dev[rows], -1)
-    specs = [devs.get(p, d)[0] if (d >= 0 or not o) else None
-             for p, d, o in zip(ops["part"].tolist(), dev_index.tolist(), on_device.tolist(),
-                                strict=True)]  # fmt: skip
+    # one device lookup per distinct (part, device, on device)
+    combo = np.c_[t.part[rows], dev_index, on_device].astype(np.int64).reshape(-1, 3)
+    uniq, inv = np.unique(combo, axis=0, return_inverse=True)
+    one = [devs.get(p, d)[0] if (d >= 0 or not o) else None for p, d, o in uniq.tolist()]
+    spec_of = np.empty(len(one), dtype=object)
+    spec_of[:] = one
+    specs = spec_of[inv.reshape(-1)].tolist()
     matrix = np.isin(kinds, list(EXACT_KINDS))
     # tf32 for fp32 GEMMs on request, fp32 convolutions by cuDNN's default
     tf = (ops["dtype"] == "fp32") & (((ops["kind"] == "matmul") & tf32) | (ops["kind"] == "conv"))
-    has_tf32 = np.array([s is not None and "tf32" in s.flops for s in specs], dtype=bool)
+    one_tf32 = np.array([s is not None and "tf32" in s.flops for s in one] or [False], bool)
+    has_tf32 = one_tf32[inv.reshape(-1)] if len(one) else np.zeros(len(specs), bool)
     ops.loc[tf & has_tf32, "dtype"] = "tf32"
     inferred = _infer_tf32(ops, specs, matrix, has_tf32)
     _metrics(ops, specs, matrix)
@@ -452,7 +466,9 @@ def _op_dtypes(trace: Trace, ids: np.ndarray) -> np.ndarray:
         return memo[text]
 
     got_ids = np.asarray(got["id"], np.int64)
-    got_prec = np.array([prec(t) for t in got["types"].tolist()], dtype=object)
+    # each distinct text decoded once (ops repeat a few signatures many times)
+    codes, texts = pd.factorize(pd.Series(got["types"], dtype=object), use_na_sentinel=False)
+    got_prec = np.array([prec(t) for t in texts.tolist()] or ["fp32"], dtype=object)[codes]
     out = np.full(len(ids), "fp32", dtype=object)
     pos = rows_in(got_ids, ids)
     out[pos >= 0] = got_prec[pos[pos >= 0]]
