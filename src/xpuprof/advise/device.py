@@ -8,6 +8,8 @@ import math
 import re
 from dataclasses import dataclass
 
+import pandas as pd
+
 from xpuprof.advise.findings import Context, Finding, per_step
 from xpuprof.analysis.diagnosis import fmt_ns, short_name
 
@@ -90,27 +92,23 @@ def fp32_gemms(ctx: Context) -> list[Finding]:
     """GEMM-like kernels that do not use the matrix units, on a GPU whose matrix units are
     faster: what they would take at the 16-bit matrix roof, bounded by the compute time on
     the critical path."""
-    from xpuprof.analysis.stats import stats
     from xpuprof.hardware.specs import match
 
     if not ctx.platform.gpu:
         return []
-    try:
-        ks = stats(ctx.trace, ranks=ctx.ranks, steps=ctx.selection, ops=False, kernels=True,
-                   layers=False).tables.get("kernels")  # fmt: skip
-    except Exception:  # noqa: BLE001 - a refinement: no kernel statistics, no finding
-        return []
-    if ks is None or len(ks) == 0 or "tensor_core" not in ks:
-        return []
-    if "rank" in ks and ctx.rank is not None:
-        ks = ks[ks["rank"].astype("Float64") == ctx.rank]
-    gemm = ks[ks.name.str.contains(r"gemm|sgemm|matmul|cutlass|cublas|Cijk_", case=False)
-              & ~ks.tensor_core.astype(bool)]  # fmt: skip
-    total = float(ks.total_ns.sum())
     props = ctx.trace.meta.get("device_properties", {}).get(ctx.part) or []
     spec = next((s for s in (match(p.get("name"), p) for p in props if isinstance(p, dict))
                  if s is not None), None)  # fmt: skip
-    if gemm.empty or total <= 0 or spec is None:
+    if spec is None:
+        return []
+    try:
+        got = _gemm_kernels(ctx)
+    except Exception:  # noqa: BLE001 - a refinement: no kernel statistics, no finding
+        return []
+    if got is None:
+        return []
+    gemm, total = got
+    if gemm.empty or total <= 0:
         return []
     fp32, _ = spec.peak("fp32", matrix=False)
     half, key = spec.peak("bf16", matrix=True)  # bf16 where it exists, else fp16
@@ -138,6 +136,46 @@ def fp32_gemms(ctx: Context) -> list[Finding]:
         f"{fmt_ns(t / max(len(ctx.steps), 1))}{ctx.each} of such GEMMs ({top}); "
         f"{spec.name}: fp32 {fp32 / 1e12:.1f} vs "
         f"{key} matrix {half / 1e12:.0f} TFLOP/s", saved, ctx.time("compute"))]  # fmt: skip
+
+
+#: Kernel names that are GEMM-like (the stats tool's ``tensor_core`` rule tells which of them
+#: use the matrix units).
+_GEMM = r"gemm|sgemm|matmul|cutlass|cublas|Cijk_"
+#: A kernel's launch configuration, as the stats tool's kernel table groups kernels by it.
+_LAUNCH = {
+    "grid": "args->>'$.grid'",
+    "block": "args->>'$.block'",
+    "registers_per_thread": "try_cast(args->>'$.\"registers per thread\"' as bigint)",
+    "shared_memory": "try_cast(args->>'$.\"shared memory\"' as bigint)",
+}
+
+
+def _gemm_kernels(ctx: Context) -> tuple[pd.DataFrame, float] | None:
+    """The GEMM-like kernels without tensor cores as the stats tool's kernel table has them
+    (``name``, ``total_ns``: one row per name and launch configuration, longest first) and
+    the selected kernels' total time; None without kernels. Launch details (JSON args, the
+    costly part) are read for those kernels' names only."""
+    from xpuprof.analysis.common import where_clause
+    from xpuprof.analysis.stats import uses_tensor_cores
+
+    w = f"{where_clause(ctx.ranks, ctx.selection, ('kernel', 'collective'))} and dur is not null"
+    by_name = ctx.trace.sql(f"select name, sum(dur)::bigint as t from events where {w} "
+                            "group by name")  # fmt: skip
+    if by_name.empty:
+        return None
+    names = by_name["name"].astype(object)
+    tc = names.map(lambda n: isinstance(n, str) and uses_tensor_cores(n)).astype(bool)
+    want = names[names.str.contains(_GEMM, case=False).fillna(False).astype(bool) & ~tc]
+    total = float(by_name["t"].sum())
+    if want.empty:
+        return pd.DataFrame({"name": [], "total_ns": []}), total
+    listed = ", ".join("'" + str(n).replace("'", "''") + "'" for n in want)
+    cols = ", ".join(f"{v} as {k}" for k, v in _LAUNCH.items())
+    df = ctx.trace.sql(f"select name, dur, {cols} from events where {w} and name in ({listed})")
+    df["name"] = df["name"].astype(object)
+    out = df.groupby(["name", *_LAUNCH], dropna=False, sort=False).agg(total_ns=("dur", "sum"))
+    out = out.reset_index().sort_values("total_ns", ascending=False, kind="stable")
+    return out.reset_index(drop=True), total
 
 
 def memory_copies(ctx: Context) -> list[Finding]:

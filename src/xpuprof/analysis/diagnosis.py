@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from xpuprof.analysis.common import Result, StepSelection, number_ranges, step_mode
 from xpuprof.analysis.input_pipeline import step_starts
+from xpuprof.analysis.path_events import describe, name_codes, names_of  # noqa: F401 - re-exported
 from xpuprof.analysis.path_time import CATEGORIES, PathTime, device_path_times, path_times
 from xpuprof.core.text import human_time, short_name
 
@@ -238,13 +238,25 @@ def _per_step(pt: PathTime, w: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     out["bottleneck"] = names[cands.argmax(axis=1)] if len(out) else []
     for i, c in enumerate(CATEGORIES):  # how much of it the device idled (summary only)
         out[f"_idle_{c}"] = idle_grid[:, i].astype(np.int64)
-    ev = pd.DataFrame({"window": k, "category": cat, "event": event, "ns": length})
-    ev = ev.groupby(["window", "category", "event"], as_index=False).agg(
-        ns=("ns", "sum"), segments=("ns", "size")
-    )
+    ev = _group_pieces(k, cat, event, length)
     ev["step"] = pd.array(w.step.to_numpy(), "Int64")[ev.window.to_numpy()]
     ev["rank"], ev["part"], ev["device"] = pt.rank, pt.part, pt.device
     return out, ev
+
+
+def _group_pieces(k: np.ndarray, cat: np.ndarray, event: np.ndarray,
+                  length: np.ndarray) -> pd.DataFrame:  # fmt: skip
+    """Per (window, category, event), in that order: the path time (``ns``) and the number of
+    pieces (``segments``), as a groupby would give them (one sort, no hashing)."""
+    o = np.lexsort((event, cat, k))
+    k, cat, event, length = k[o], cat[o], event[o], length[o]
+    new = np.r_[True, (k[1:] != k[:-1]) | (cat[1:] != cat[:-1]) | (event[1:] != event[:-1])]
+    first = np.flatnonzero(new[: len(k)])
+    return pd.DataFrame({
+        "window": k[first], "category": cat[first], "event": event[first],
+        "ns": np.add.reduceat(length, first) if len(first) else length[:0],
+        "segments": np.diff(np.r_[first, len(k)]).astype(np.int64),
+    })  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------- tables
@@ -289,7 +301,7 @@ def _events(trace: Trace, ev: pd.DataFrame, per_step: pd.DataFrame, top: int) ->
         return pd.DataFrame(columns=cols)
     n_steps = per_step.groupby(["part", "device"]).size()
     # by a code of the name, in the names' order (hashing strings per row costs the most)
-    code, names = _name_codes(trace, ev.event.to_numpy(np.int64))
+    code, names = name_codes(trace, ev.event.to_numpy(np.int64))
     ev = ev.assign(name=code)
     k = ["part", "device", "category", "name"]
     g = ev.groupby(k, as_index=False, sort=False).agg(rank=("rank", "first"), time_ns=("ns", "sum"))
@@ -315,36 +327,6 @@ def _events(trace: Trace, ev: pd.DataFrame, per_step: pd.DataFrame, top: int) ->
     g["name"] = pd.Series(names[g.name.to_numpy(np.int64)], index=g.index)  # as grouped
     g["rank"] = g["rank"].astype("Int64")
     return g[cols]
-
-
-def _name_codes(trace: Trace, event: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per event id, a code of its name (``(no event)`` for -1, -1 where no name), numbered in
-    the names' sort order, and the names: read dictionary-encoded, each converted once."""
-    trace.con.register("_dx_codes", pa.table({"id": np.unique(event[event >= 0])}))
-    try:
-        tb = trace.con.sql("select id, name from events where id in (select id from _dx_codes) "
-                           "order by id").to_arrow_table()  # fmt: skip
-    finally:
-        trace.con.unregister("_dx_codes")
-    found, enc = tb["id"].to_numpy(), tb["name"].combine_chunks().dictionary_encode()
-    code, uniq = pd.factorize(np.array([*enc.dictionary.to_pylist(), "(no event)"], object),
-                              sort=True)  # fmt: skip
-    idx = enc.indices.fill_null(-1).to_numpy()
-    of_found = np.r_[np.where(idx >= 0, code[np.maximum(idx, 0)], -1), -1]
-    pos = np.minimum(np.searchsorted(found, event), len(found))
-    hit = pos < len(found)
-    hit[hit] = found[pos[hit]] == event[hit]
-    out = np.where(hit, of_found[np.where(hit, pos, len(found))], -1)
-    return np.where(event < 0, code[-1], out), np.asarray(uniq, dtype=object)
-
-
-def names_of(trace: Trace, ids: np.ndarray) -> np.ndarray:
-    """The name of each event id (None for -1)."""
-    ids = np.asarray(ids, np.int64)
-    code, names = _name_codes(trace, ids)
-    out, ok = np.full(len(ids), None, dtype=object), (ids >= 0) & (code >= 0)
-    out[ok] = names[code[ok]]
-    return out
 
 
 # ------------------------------------------------------------------------------- headline
@@ -533,68 +515,3 @@ def late_rank(trace: Trace, rank) -> int | None:
         return None
     late = mine.groupby("last_rank").wait_ns.sum().sort_values(ascending=False)
     return None if late.empty or pd.isna(late.index[0]) else int(late.index[0])
-
-
-# ------------------------------------------------------------------------- describing events
-
-_COPY = re.compile(r"(DtoH|Device\s*->\s*Host|Device -> Pageable|Device -> Pinned|D2H)", re.I)
-_TO_DEVICE = re.compile(r"(HtoD|Host\s*->\s*Device|Pageable -> Device|Pinned -> Device|H2D)",
-                        re.I)  # fmt: skip
-
-
-def describe(trace: Trace, ids: np.ndarray) -> pd.DataFrame:
-    """For each event id: ``name``, the outermost enclosing ``op`` (what the user called), the
-    nearest ``annotation`` (``record_function``) and ``layer`` (module path) above it, the
-    nearest ``python`` frame, the device ``copy`` it issued (same correlation), and ``what`` it
-    is in words (``a device-to-host copy (pageable)``, ``a stream synchronize``…)."""
-    ids = np.asarray(ids, np.int64)
-    t = trace.tree(host_only=True)
-    rows = t.rows_of(ids)
-    ok = rows >= 0
-    out = pd.DataFrame({"id": ids, "name": names_of(trace, ids)})
-    for col, levels in (("op", "op"), ("annotation", "annotation"), ("layer", "layer"),
-                        ("python", "python")):  # fmt: skip
-        far = col == "op"
-        anc = np.full(len(ids), -1)
-        if ok.any():
-            anc[ok] = t.ancestor_at(levels, rows[ok], farthest=far, strict=False)
-        out[col] = t.names_of(anc)
-    out["copy"] = _copies(trace, ids)
-    out["what"] = [_what(str(n), c) for n, c in zip(out["name"], out["copy"], strict=True)]
-    return out
-
-
-def _copies(trace: Trace, ids: np.ndarray) -> list[str | None]:
-    import pyarrow as pa
-
-    trace.con.register("_dx_copy", pa.table({"id": pa.array(ids, pa.int64())}))
-    try:
-        df = trace.sql(
-            "select h.id, any_value(d.name) as copy from events h join events d on "
-            "d.part = h.part and d.correlation = h.correlation and d.level = 'memcpy' "
-            "where h.id in (select id from _dx_copy) group by h.id"
-        )
-    finally:
-        trace.con.unregister("_dx_copy")
-    m = dict(zip(df["id"].tolist(), df["copy"].tolist(), strict=True))
-    return [m.get(int(i)) for i in ids]
-
-
-def _what(name: str, copy: str | None) -> str:
-    """A blocking call in words."""
-    pageable = " (pageable memory)" if copy and "pageable" in copy.lower() else ""
-    if copy and _COPY.search(copy):
-        return f"a device-to-host copy{pageable}"
-    if copy and _TO_DEVICE.search(copy):
-        return f"a host-to-device copy{pageable}"
-    low = name.lower()
-    if "memcpy" in low:
-        return "a synchronous copy"
-    for key, words in (("streamsynchronize", "a stream synchronize"),
-                       ("devicesynchronize", "a device synchronize"),
-                       ("ctxsynchronize", "a device synchronize"),
-                       ("eventsynchronize", "an event synchronize"),
-                       ("eventquery", "an event query")):  # fmt: skip
-        if key in low:
-            return words
-    return f"`{name}`"

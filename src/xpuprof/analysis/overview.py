@@ -177,7 +177,7 @@ def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFra
     """The breakdown of each step window, and the ranks without device events (keys as
     :func:`_rank_key`)."""
     cols = "select rank, device, level, name, ts, dur from events where dur is not null and "
-    ev = trace.sql(f"{cols}level in ('kernel', 'collective', 'memcpy', 'memset') and {w}")
+    ev = _device_work(trace, w)
     # framework ops are the compute of ranks without device events only (a CPU run): read
     # them for those ranks alone (they are most of a GPU trace's rows)
     cpu = sorted(set(step_rows["rank"].dropna().astype(int)) - set(ev["rank"].dropna().astype(int)))
@@ -220,7 +220,7 @@ def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFra
             dev = re_[re_.level.isin(["op", "layer"])]
             kinds = np.full(len(dev), "compute", dtype=object)
         else:
-            kinds = work_class(dev.level, dev.name).to_numpy()
+            kinds = dev.work.to_numpy()
         groups = _groups(dev, kinds)
         ri = inp[inp_rank == key]
         start = ri.ts.to_numpy(np.int64)
@@ -232,6 +232,30 @@ def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFra
                          "step": st.step, "step_ns": t1 - t0,
                          **{f"{p}_ns": parts[p] for p in PARTS}})  # fmt: skip
     return pd.DataFrame(rows), host_only
+
+
+def _device_work(trace: Trace, w: str) -> pd.DataFrame:
+    """The selected device events with a duration (``rank``, ``device``, ``level``, ``ts``,
+    ``dur``, ``work``: the work class): with no selection, from the rows the diagnosis reads
+    and classifies anyway (``path_state.kind_rows``); else one query."""
+    if w != "true":
+        ev = trace.sql(
+            "select rank, device, level, name, ts, dur from events where dur is not "
+            f"null and level in ('kernel', 'collective', 'memcpy', 'memset') and {w}"
+        )
+        return ev.assign(work=work_class(ev.level, ev.name).to_numpy()).drop(columns="name")
+    from xpuprof.analysis.path_state import NO_DUR, kind_rows
+
+    r = kind_rows(trace)
+    keep = ~r.runtime & (r.dur != NO_DUR)
+    rank_of = {int(s["part"]): s["rank"] for s in trace.sources}
+    parts, inv = np.unique(r.part[keep], return_inverse=True)
+    ranks = np.array([rank_of.get(int(p)) for p in parts] or [None], dtype=object)
+    level = np.r_[r.levels, np.array([None], object)][r.level[keep]]
+    return pd.DataFrame({
+        "rank": pd.array(ranks[inv.reshape(-1)], dtype="Float64"), "device": r.device[keep],
+        "level": level, "ts": r.ts[keep], "dur": r.dur[keep], "work": r.work[keep],
+    })  # fmt: skip
 
 
 def _input_spans(trace: Trace, w: str) -> pd.DataFrame:
@@ -310,7 +334,8 @@ def _top(
     """The ``top`` framework ops by self time and device kernels by total time."""
     we = where_clause(ranks, steps, alias="e")
     ops = trace.sql(
-        "with c as (select parent, sum(dur) as d from events group by parent) "
+        "with c as (select parent, sum(dur) as d from events where parent is not null "
+        "group by parent) "
         "select e.name as op, count(*) as calls, sum(e.dur) / 1e6 as total_ms, "
         "sum(e.dur - coalesce(c.d, 0)) / 1e6 as self_ms from events e "
         f"left join c on c.parent = e.id where e.level = 'op' and {we} "

@@ -58,9 +58,8 @@ class DeviceState:
         groups.insert(1, (CODE["comm_wait"], waits))
         bounds = unique_sorted(np.concatenate([np.r_[a, b] for _, (a, b) in groups]))
         label = np.full(max(len(bounds) - 1, 0), -1, np.int64)
-        lo = bounds[:-1]
         for code, (a, b) in reversed(groups):  # the first group wins: it is written last
-            label[inside(a, b, lo)] = code
+            label[covered(bounds, a, b)] = code
         by_label = {}
         for c in WORK_CLASSES:
             o = np.flatnonzero(k == c)
@@ -127,6 +126,16 @@ def unique_sorted(a: np.ndarray) -> np.ndarray:
     return a[np.r_[True, a[1:] != a[:-1]]] if len(a) else a
 
 
+def covered(bounds: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per elementary interval ``bounds[i]``–``bounds[i + 1]``, whether it lies in one of the
+    merged, sorted intervals ``[lo, hi)`` whose ends are all in ``bounds``: ``inside(lo, hi,
+    bounds[:-1])``, found from the intervals' ends (fewer) rather than every bound."""
+    d = np.zeros(len(bounds), np.int64)
+    d[np.searchsorted(bounds, lo)] += 1
+    d[np.searchsorted(bounds, hi)] -= 1
+    return np.cumsum(d[:-1]) > 0
+
+
 def inside(lo: np.ndarray, hi: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Whether each ``t`` lies in one of the merged, sorted intervals ``[lo, hi)``."""
     if not len(lo):
@@ -135,19 +144,84 @@ def inside(lo: np.ndarray, hi: np.ndarray, t: np.ndarray) -> np.ndarray:
     return (k >= 0) & (hi[np.maximum(k, 0)] > t)
 
 
-def device_events(trace: Trace, parts: list[int]) -> dict[int, pd.DataFrame]:
-    """Each part's device work (id, ts, dur, work class): one Arrow scan for all parts, names
-    kept dictionary-encoded so each distinct name is classified once."""
+#: :attr:`KindRows.dur` of an event without a duration.
+NO_DUR = np.iinfo(np.int64).min
+
+
+@dataclass(frozen=True)
+class KindRows:
+    """Every runtime call and device event of the store, in scan order, names as codes into
+    ``names`` (-1: none): the one read the path's device state and its call kinds share."""
+
+    id: np.ndarray
+    part: np.ndarray
+    device: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray  # NO_DUR where missing
+    runtime: np.ndarray  # bool: a runtime call (else device work)
+    level: np.ndarray  # int64 code into levels
+    levels: np.ndarray  # object: the distinct levels
+    name: np.ndarray  # int64 code into names
+    names: np.ndarray  # object: the distinct names
+    work: np.ndarray  # object: work class of device rows (None for runtime calls)
+
+
+def kind_rows(trace: Trace) -> KindRows:
+    """:class:`KindRows` of ``trace`` (cached on ``trace.memo``): one Arrow scan, names and
+    levels dictionary-encoded so each distinct (level, name) is classified once."""
+    key = ("analysis.path_state.kind_rows",)
+    if key in trace.memo:
+        return trace.memo[key]
     t = trace.table(
         "events",
         columns=["id", "part", "device", "level", "name", "ts", "dur"],
-        filters=[("level", "in", list(DEVICE_LEVELS))],
-    ).to_pandas()
-    t = t[t["dur"].notna() & (t["dur"] > 0) & t["part"].isin(parts)]
-    t = t[~t["name"].astype(str).isin(DEVICE_WAITS)]  # a stream waiting does no work
-    if t.empty:
+        filters=[("level", "in", ["runtime", *DEVICE_LEVELS])],
+    )
+    name, names = _codes(t["name"])
+    level, levels = _codes(t["level"])
+    runtime = level == (list(levels).index("runtime") if "runtime" in list(levels) else -2)
+    pair, inv = np.unique(level * (len(names) + 1) + name + 1, return_inverse=True)
+    lv, nm = pair // (len(names) + 1), pair % (len(names) + 1) - 1
+    none = np.array([None], object)
+    classes = work_class(pd.Series(np.r_[levels, none][lv]), pd.Series(np.r_[names, none][nm]))
+    work = classes.to_numpy(object)[inv.reshape(-1)]
+    work[runtime] = None
+    out = KindRows(
+        id=_ints(t["id"]), part=_ints(t["part"]), device=_ints(t["device"]), ts=_ints(t["ts"]),
+        dur=_ints(t["dur"], NO_DUR), runtime=runtime, level=level, levels=levels,
+        name=name, names=names, work=work,
+    )  # fmt: skip
+    trace.memo[key] = out
+    return out
+
+
+def _codes(col) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 code of each value, -1 for null; the distinct values as an object array)."""
+    import pyarrow as pa
+
+    d = col.combine_chunks().dictionary_encode() if len(col) else pa.array([], pa.string())
+    if not len(col):
+        return np.empty(0, np.int64), np.empty(0, object)
+    codes = d.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, np.asarray(d.dictionary.to_pylist(), dtype=object)
+
+
+def _ints(col, missing: int = -1) -> np.ndarray:
+    """int64 values of an Arrow column, ``missing`` where missing."""
+    return col.combine_chunks().fill_null(missing).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def device_events(trace: Trace, parts: list[int]) -> dict[int, pd.DataFrame]:
+    """Each part's device work (id, part, device, ts, dur, work class), from
+    :func:`kind_rows`: device rows with a positive duration, stream waits left out."""
+    r = kind_rows(trace)
+    waits = np.isin(r.names, list(DEVICE_WAITS))
+    keep = ~r.runtime & (r.dur > 0) & np.isin(r.part, parts)
+    keep &= ~np.r_[waits, False][r.name]  # a stream waiting does no work (-1: no name)
+    if not keep.any():
         return {}
-    t = t.assign(work=work_class(t["level"], t["name"]).to_numpy())
+    t = pd.DataFrame({"id": r.id[keep], "part": r.part[keep], "device": r.device[keep],
+                      "ts": r.ts[keep], "dur": r.dur[keep], "work": r.work[keep]})  # fmt: skip
     return {int(p): g for p, g in t.groupby("part")}
 
 

@@ -37,19 +37,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from xpuprof.analysis.common import merge_intervals, work_class
+from xpuprof.analysis.common import merge_intervals
 from xpuprof.analysis.path_state import (
     CATEGORIES,
     CODE,
     DEVICE_WAITS,
     Claims,
     DeviceState,
+    covered,
     device_events,
     innermost,
-    inside,
+    kind_rows,
     unique_sorted,
 )
-from xpuprof.core.names import DEVICE_LEVELS
 from xpuprof.trace.graph import (
     BLOCKING_CALLS,
     DependencyGraph,
@@ -165,16 +165,17 @@ class HostState:
         ok = en > s
         host, s, en = host[ok], s[ok], en[ok]
         cat = _base_category(e.kind[host], e.event[host], info)
+        o = np.argsort(s, kind="stable")  # one sort: each label's rows stay in start order
+        s, en, cat, ev = s[o], en[o], cat[o], e.event[host][o].astype(np.int64)
         by_label, groups = {}, []
         for c in ("cpu", "launch", "runtime", "sync"):
             m = cat == CODE[c]
-            o = np.argsort(s[m], kind="stable")
-            by_label[CODE[c]] = (s[m][o], en[m][o], e.event[host][m][o].astype(np.int64))
+            by_label[CODE[c]] = (s[m], en[m], ev[m])
             groups.append((CODE[c], merge_intervals(s[m], en[m])))
         bounds = unique_sorted(np.concatenate([np.r_[a, b] for _, (a, b) in groups] or [[0]]))
         label = np.full(max(len(bounds) - 1, 0), -1, np.int64)
         for code, (a, b) in reversed(groups):
-            label[inside(a, b, bounds[:-1])] = code
+            label[covered(bounds, a, b)] = code
         return cls(bounds, label, by_label)
 
     def at(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -374,38 +375,34 @@ class _Kinds:
 
 
 def _kinds(trace: Trace) -> dict[int, _Kinds]:
-    """Per part, every runtime call and device event, classified (cached on the trace): one
-    Arrow scan, names kept dictionary-encoded so each distinct name is matched once."""
+    """Per part, every runtime call and device event, classified (cached on the trace), from
+    the rows :func:`kind_rows` read once; each distinct name matched once."""
     key = ("analysis.path_time.kinds",)
     if key in trace.memo:
         return trace.memo[key]
-    t = trace.table(
-        "events",
-        columns=["id", "part", "level", "name"],
-        filters=[("level", "in", ["runtime", *DEVICE_LEVELS])],
-    ).to_pandas()
-    name = t["name"].astype("category")
-    cats = pd.Series(name.cat.categories.astype(str))
-    codes = name.cat.codes.to_numpy()
+    r = kind_rows(trace)
+    cats = pd.Series(r.names).astype(str)
+    codes = r.name
     is_sync = cats.isin(SYNC_CALLS).to_numpy()
     is_launch = cats.str.contains(LAUNCH_CALL).to_numpy() & ~is_sync
-    rt = (t["level"] == "runtime").to_numpy()
-    ok = codes >= 0
-    sync = rt & ok & is_sync[np.maximum(codes, 0)]
-    launch = rt & ok & is_launch[np.maximum(codes, 0)]
-    work = np.full(len(t), -1, np.int64)
+    rt = r.runtime
+    sync = rt & np.r_[is_sync, False][codes]  # code -1 (no name): the last, False
+    launch = rt & np.r_[is_launch, False][codes]
+    work = np.full(len(rt), -1, np.int64)
     dev = ~rt
     if dev.any():
-        work[dev] = work_class(t["level"][dev], t["name"][dev]).map(CODE).to_numpy(np.int64)
+        classes, inv = np.unique(r.work[dev].astype(str), return_inverse=True)
+        work[dev] = pd.Series(classes).map(CODE).to_numpy(np.int64)[inv.reshape(-1)]
         waits = cats.isin(DEVICE_WAITS).to_numpy()
-        work[dev & ok & waits[np.maximum(codes, 0)]] = CODE["device_gap"]
+        work[dev & np.r_[waits, False][codes]] = CODE["device_gap"]
     out = {}
-    ids, part = t["id"].to_numpy(np.int64), t["part"].to_numpy(np.int64)
+    ids, part = r.id, r.part
     o = np.lexsort((ids, part))
     bounds = np.searchsorted(part[o], np.unique(part), side="left").tolist() + [len(o)]
     for i, p in enumerate(np.unique(part).tolist()):
-        r = o[bounds[i] : bounds[i + 1]]
-        out[int(p)] = _Kinds(ids[r], sync[r], launch[r], (rt & ~sync & ~launch)[r], work[r])
+        rows = o[bounds[i] : bounds[i + 1]]
+        out[int(p)] = _Kinds(ids[rows], sync[rows], launch[rows],
+                             (rt & ~sync & ~launch)[rows], work[rows])  # fmt: skip
     trace.memo[key] = out
     return out
 

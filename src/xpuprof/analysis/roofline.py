@@ -169,8 +169,11 @@ class _Devices:
         return spec, f"XPlane {name!r}"
 
 
-def _metrics(df: pd.DataFrame, specs: list[DeviceSpec | None], matrix: np.ndarray) -> None:
-    """Fill the roofline columns of ``df`` (flops, bytes, time_ns, dtype already present)."""
+def _metrics(df: pd.DataFrame, specs: list[DeviceSpec | None], matrix: np.ndarray,
+             spec_code: np.ndarray | None = None) -> None:  # fmt: skip
+    """Fill the roofline columns of ``df`` (flops, bytes, time_ns, dtype already present).
+    ``spec_code``: a code per row that is equal wherever the spec is the same object (saves
+    finding it from ``specs``)."""
     n = len(df)
     peak = np.full(n, np.nan)
     peak_key = np.full(n, None, dtype=object)
@@ -179,10 +182,12 @@ def _metrics(df: pd.DataFrame, specs: list[DeviceSpec | None], matrix: np.ndarra
     dt = df["dtype"].to_numpy()
     # one peak() call per distinct (device, precision, matrix) combination
     # (integer codes: factorizing a MultiIndex of object columns costs more than the rest)
-    by_id = {id(s): s for s in specs}
-    s_ids = np.unique(np.array(list(by_id), np.int64))
-    sid = np.array([id(s) for s in specs], dtype=np.int64) if n else np.empty(0, np.int64)
-    s_code = np.searchsorted(s_ids, sid)
+    if spec_code is None:
+        by_id = {id(s): s for s in specs}
+        s_ids = np.unique(np.array(list(by_id), np.int64))
+        sid = np.array([id(s) for s in specs], dtype=np.int64) if n else np.empty(0, np.int64)
+        spec_code = np.searchsorted(s_ids, sid)
+    s_code = np.asarray(spec_code, np.int64)
     d_code, d_values = pd.factorize(pd.Series(dt, dtype=object), use_na_sentinel=False)
     key = (s_code * max(len(d_values), 1) + d_code) * 2 + np.asarray(matrix, bool)
     uniq, first, codes = np.unique(key, return_index=True, return_inverse=True)
@@ -249,6 +254,18 @@ def _op_time(
     return time, nk, dev
 
 
+def _op_specs(devs: _Devices, part: np.ndarray, dev_index: np.ndarray,
+              on_device: np.ndarray) -> tuple[list[DeviceSpec | None], np.ndarray]:  # fmt: skip
+    """The device spec of each distinct (part, device, on device), and the index of each
+    op's: one lookup per combination, found through one integer per combination (a row-wise
+    unique sorts the rows as bytes: slow)."""
+    combo = np.c_[part, dev_index, on_device].astype(np.int64).reshape(-1, 3)
+    _, first, inv = np.unique((combo[:, 0] * (1 << 32) + combo[:, 1] + 1) * 2 + combo[:, 2],
+                              return_index=True, return_inverse=True)  # fmt: skip
+    one = [devs.get(p, d)[0] if (d >= 0 or not o) else None for p, d, o in combo[first].tolist()]
+    return one, inv.reshape(-1)
+
+
 def _ops(
     trace: Trace,
     devs: _Devices,
@@ -299,9 +316,7 @@ def _ops(
     # ops on a device without a launch recorded: no device to judge them on
     dev_index = np.where(on_device, op_dev[rows], -1)
     # one device lookup per distinct (part, device, on device)
-    combo = np.c_[t.part[rows], dev_index, on_device].astype(np.int64).reshape(-1, 3)
-    uniq, inv = np.unique(combo, axis=0, return_inverse=True)
-    one = [devs.get(p, d)[0] if (d >= 0 or not o) else None for p, d, o in uniq.tolist()]
+    one, inv = _op_specs(devs, t.part[rows], dev_index, on_device)
     spec_of = np.empty(len(one), dtype=object)
     spec_of[:] = one
     specs = spec_of[inv.reshape(-1)].tolist()
@@ -312,7 +327,7 @@ def _ops(
     has_tf32 = one_tf32[inv.reshape(-1)] if len(one) else np.zeros(len(specs), bool)
     ops.loc[tf & has_tf32, "dtype"] = "tf32"
     inferred = _infer_tf32(ops, specs, matrix, has_tf32)
-    _metrics(ops, specs, matrix)
+    _metrics(ops, specs, matrix, spec_code=inv)
     ops = ops[OP_COLUMNS].reset_index(drop=True)
     if inferred:
         notes.append(

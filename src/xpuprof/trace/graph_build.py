@@ -78,9 +78,29 @@ def build_all(
     """The graph of each part in ``windows`` over host events starting in its window."""
     parts = [int(p) for p in windows]
     sql = ", ".join(map(str, parts)) or "null"
-    tables = [_by_part(trace.sql(q.replace("{parts}", sql)), parts)
+    tables = [_by_part(_fetch(trace, q.replace("{parts}", sql)), parts)
               for q in (_HOST_QUERY, _DEVICE_QUERY, _SYNC_QUERY)]  # fmt: skip
     return {p: build(p, ranks.get(p), w, *(t[p] for t in tables)) for p, w in windows.items()}
+
+
+def _fetch(trace: Trace, query: str) -> pd.DataFrame:
+    """``query``'s rows with plain numpy columns (integers -1 where missing, as :func:`_i64`
+    reads them): through Arrow, not DuckDB's pandas conversion of nullable columns. Any
+    DuckDB error is left to ``trace.sql`` to word."""
+    import duckdb
+    import pyarrow as pa
+
+    try:
+        t = trace.con.sql(query).to_arrow_table()
+    except duckdb.Error:
+        return trace.sql(query)
+    cols = {}
+    for name, col in zip(t.column_names, t.columns, strict=True):
+        if pa.types.is_integer(col.type):
+            cols[name] = col.fill_null(-1).to_numpy().astype(np.int64)
+        else:
+            cols[name] = col.to_numpy(zero_copy_only=False)
+    return pd.DataFrame(cols)
 
 
 def _by_part(df: pd.DataFrame, parts: list[int]) -> dict[int, pd.DataFrame]:

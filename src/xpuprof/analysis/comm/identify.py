@@ -114,28 +114,46 @@ def identify(trace: Trace, df: pd.DataFrame) -> Identity:
 
 def _from_kernel_args(ident: Identity, df: pd.DataFrame) -> None:
     """PyTorch ≥ 2.2 copies ``record_param_comms``' args onto NCCL kernels; XLA collectives
-    carry their HLO category."""
+    carry their HLO category. Decoded once per distinct set of args (kernels repeat a few),
+    then spread to every kernel that has it."""
     cols = ["a_coll", "a_group", "a_pg", "a_ranks", "hlo", "a_in", "a_out", "a_dtype"]
-    for i, r in enumerate(df[cols].itertuples(False)):
-        ident.set_kind(i, normalize_collective(r.a_coll), "kernel args")
-        if np.isnan(ident.nbytes[i]) and (r.a_in or r.a_out):
-            args = {"In msg nelems": decode_arg(r.a_in), "Out msg nelems": decode_arg(r.a_out),
-                    "dtype": r.a_dtype}  # fmt: skip
-            ident.set_bytes(i, comm_bytes(args), "kernel args")
-        g = as_int(decode_arg(r.a_group))
-        if g:
-            ident.group[i] = g
-        rl = ranks_list(decode_arg(r.a_ranks))
-        if rl:
-            ident.group_ranks[i] = rl
-            if np.isnan(ident.group[i]):
-                ident.group[i] = len(rl)
-        if isinstance(r.a_pg, str) and r.a_pg:
-            ident.process_group[i] = f"pg {r.a_pg}"
-        elif rl:
-            ident.process_group[i] = f"ranks {rl}"
-        if not ident.kind[i] and r.hlo:
-            ident.set_kind(i, normalize_collective(r.hlo), "HLO category")
+    if not len(df):
+        return
+    no_bytes = np.isnan(ident.nbytes)
+    key = df[cols].assign(_nb=no_bytes).groupby([*cols, "_nb"], dropna=False, sort=False)
+    code = key.ngroup().to_numpy()
+    first = np.full(code.max() + 1, len(code))
+    np.minimum.at(first, code, np.arange(len(code)))
+    one = Identity.empty(df.iloc[first])
+    for i, r in enumerate(df[cols].iloc[first].itertuples(False)):
+        _fill_from_args(one, i, r)
+    for f in ("kind", "kind_source", "group", "group_ranks", "process_group"):
+        setattr(ident, f, getattr(one, f)[code])
+    ident.nbytes = np.where(no_bytes, one.nbytes[code], ident.nbytes)
+    ident.bytes_source = np.where(no_bytes, one.bytes_source[code], ident.bytes_source)
+
+
+def _fill_from_args(ident: Identity, i: int, r: Any) -> None:
+    """Row ``i`` of ``ident`` from the kernel's args ``r`` (a row of the query)."""
+    ident.set_kind(i, normalize_collective(r.a_coll), "kernel args")
+    if np.isnan(ident.nbytes[i]) and (r.a_in or r.a_out):
+        args = {"In msg nelems": decode_arg(r.a_in), "Out msg nelems": decode_arg(r.a_out),
+                "dtype": r.a_dtype}  # fmt: skip
+        ident.set_bytes(i, comm_bytes(args), "kernel args")
+    g = as_int(decode_arg(r.a_group))
+    if g:
+        ident.group[i] = g
+    rl = ranks_list(decode_arg(r.a_ranks))
+    if rl:
+        ident.group_ranks[i] = rl
+        if np.isnan(ident.group[i]):
+            ident.group[i] = len(rl)
+    if isinstance(r.a_pg, str) and r.a_pg:
+        ident.process_group[i] = f"pg {r.a_pg}"
+    elif rl:
+        ident.process_group[i] = f"ranks {rl}"
+    if not ident.kind[i] and r.hlo:
+        ident.set_kind(i, normalize_collective(r.hlo), "HLO category")
 
 
 def _host_ops(trace: Trace, df: pd.DataFrame, need: np.ndarray) -> pd.DataFrame:
@@ -236,12 +254,13 @@ def _from_xla(ident: Identity, df: pd.DataFrame) -> None:
 
 def _from_kernel_names(ident: Identity, names: np.ndarray) -> None:
     """Algorithm and protocol, and the type where nothing else said it."""
-    parsed = [kernel_parts(x) for x in names]
-    ident.algorithm = np.array([p["algorithm"] for p in parsed], dtype=object)
-    ident.protocol = np.array([p["protocol"] for p in parsed], dtype=object)
-    for i, p in enumerate(parsed):
-        if ident.kind[i] is None:
-            ident.set_kind(i, p["collective"], "kernel name")
+    code, uniq = pd.factorize(pd.Series(names, dtype=object), use_na_sentinel=False)
+    parsed = [kernel_parts(x) for x in uniq]  # once per distinct name
+    ident.algorithm = np.array([p["algorithm"] for p in parsed] or [None], dtype=object)[code]
+    ident.protocol = np.array([p["protocol"] for p in parsed] or [None], dtype=object)[code]
+    kind = np.array([p["collective"] for p in parsed] or [None], dtype=object)[code]
+    fill = np.flatnonzero((ident.kind == None) & (kind != None))  # noqa: E711
+    ident.kind[fill], ident.kind_source[fill] = kind[fill], "kernel name"
 
 
 def _from_distributed_info(ident: Identity, trace: Trace, df: pd.DataFrame) -> None:

@@ -147,7 +147,6 @@ def _match(m: pd.DataFrame) -> pd.DataFrame:
     ``ats``/``aend``), who came first and last."""
     grp = m.groupby(["process_group", "seq"], sort=True)
     agg = grp.agg(
-        collective=("collective", lambda s: s.mode().iat[0] if len(s) else None),
         types=("collective", "nunique"),
         participants=("participant", "nunique"),
         first_start=("ats", "min"),
@@ -156,12 +155,23 @@ def _match(m: pd.DataFrame) -> pd.DataFrame:
         last_end=("aend", "max"),
         bytes=("bytes", "max"),
     )
+    agg.insert(0, "collective", _modes(m, agg.index))
     agg["first_participant"] = m.loc[grp["ats"].idxmin().to_numpy(), "participant"].to_numpy()
     agg["last_participant"] = m.loc[grp["ats"].idxmax().to_numpy(), "participant"].to_numpy()
     agg["skew_ns"] = agg["last_start"] - agg["first_start"]
     agg["end_skew_ns"] = agg["last_end"] - agg["first_end"]
     agg["types_agree"] = agg["types"] == 1
     return agg[agg["participants"] >= 2].reset_index()
+
+
+def _modes(m: pd.DataFrame, index: pd.Index) -> np.ndarray:
+    """Per (process group, seq) of ``index``, its most frequent collective type (ties: the
+    first in sort order, as ``Series.mode``), in one grouping rather than one call per group."""
+    keys = ["process_group", "seq"]
+    n = m.groupby([*keys, "collective"], sort=False).size().reset_index(name="_n")
+    n = n.sort_values(["_n", "collective"], ascending=[False, True], kind="stable")
+    mode = n.drop_duplicates(keys).set_index(keys)["collective"]
+    return mode.reindex(index).to_numpy(object)
 
 
 def _stragglers(m: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFrame:
