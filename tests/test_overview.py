@@ -193,3 +193,17 @@ def test_a_real_layer_level_capture(tmp_path, slow) -> None:
         assert res.facts["headline"].startswith("Bottleneck: waiting for input")
     else:
         assert summ.input_fraction < 0.05 and summ.bottleneck != "input-bound"
+
+
+def test_top_tables_break_ties_by_name(tmp_path) -> None:
+    """Kernels and ops with equal time come in name order, the same every run (SQL's
+    ``order by … limit`` leaves ties in any order otherwise)."""
+    tb = TraceBuilder(rank=0)
+    tb.step(0, 0, 100)
+    for i, name in enumerate(("k_c", "k_a", "k_b")):
+        tb.kernel(name, 10 + 20 * i, 10, stream=7)
+        tb.op(f"aten::{name}", 10 + 20 * i, 5)
+    with tb.load(tmp_path) as t:
+        res = overview(t, top=2)
+    assert res["top_kernels"].kernel.tolist() == ["k_a", "k_b"]
+    assert res["top_ops"].op.tolist() == ["aten::k_a", "aten::k_b"]

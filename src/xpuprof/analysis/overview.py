@@ -339,13 +339,13 @@ def _top(
         "select e.name as op, count(*) as calls, sum(e.dur) / 1e6 as total_ms, "
         "sum(e.dur - coalesce(c.d, 0)) / 1e6 as self_ms from events e "
         f"left join c on c.parent = e.id where e.level = 'op' and {we} "
-        f"group by e.name order by self_ms desc limit {int(top)}"
+        f"group by e.name order by self_ms desc, op limit {int(top)}"
     )
     kernels = trace.sql(
         "select name as kernel, level, count(*) as calls, sum(dur) / 1e6 as total_ms, "
         "avg(dur) / 1e3 as mean_us from events where level in "
         f"('kernel', 'collective', 'memcpy', 'memset') and {where_clause(ranks, steps)} "
-        f"group by name, level order by total_ms desc limit {int(top)}"
+        f"group by name, level order by total_ms desc, kernel, level limit {int(top)}"
     )
     return ops, kernels
 
