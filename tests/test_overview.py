@@ -207,3 +207,16 @@ def test_top_tables_break_ties_by_name(tmp_path) -> None:
         res = overview(t, top=2)
     assert res["top_kernels"].kernel.tolist() == ["k_a", "k_b"]
     assert res["top_ops"].op.tolist() == ["aten::k_a", "aten::k_b"]
+
+
+def test_a_trace_without_steps_says_its_step_is_the_whole_trace(tmp_path) -> None:
+    """No step spans: the one "step" per rank is the whole trace (50 µs here, from the first
+    event's start to the last one's end), and the tables say so in their titles."""
+    tb = TraceBuilder(rank=0)
+    tb.op("aten::mm", 0, 50)
+    tb.kernel("gemm", 10, 20, stream=7)
+    with tb.load(tmp_path) as t:
+        res = overview(t)
+    assert res["steps"].step_ns.tolist() == [50_000]
+    assert "no step spans" in res.present["summary"].title
+    assert "whole trace" in res.present["steps"].title

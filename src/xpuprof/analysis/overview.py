@@ -149,6 +149,11 @@ def overview(
     res.tables["summary"] = summary
     if "device" in summary:  # one column per device: name them by it, not by their one rank
         res.present["summary"] = Presentation(layout="transpose", label="device", all_rows=True)
+    if per_step["step"].isna().all():  # no steps: its "step" is the whole trace, say so
+        whole = "summary (no step spans: each rank's whole trace is its one step)"
+        res.present["summary"] = Presentation(layout="transpose", label="rank", all_rows=True,
+                                              title=whole)  # fmt: skip
+        res.present["steps"] = Presentation(title="the whole trace of each rank, as one step")
     res.tables["top_ops"], res.tables["top_kernels"] = _top(trace, ranks, steps, top)
     res.facts = {"ranks": len(summary), "steps": 0, "host_only": False}
     if len(summary):
