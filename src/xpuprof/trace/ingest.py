@@ -9,10 +9,11 @@ it saves below a few tens of megabytes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -281,6 +282,20 @@ def write_raw(
     }
 
 
+@contextlib.contextmanager
+def _failing_cleanly(root: Path, made: list[Path]) -> Iterator[None]:
+    """What every store write does when it fails: the parent folders it made go again if no
+    store came to be, and an OS error becomes one :class:`StoreError` naming the store."""
+    try:
+        yield
+    except BaseException as e:
+        if not root.exists():
+            st.remove_parents(made)
+        if isinstance(e, OSError):
+            raise StoreError(st.io_message(e, root)) from None
+        raise
+
+
 def store_raw(
     raws: list[Any], store: str | Path, *, lock_wait: float = st.LOCK_WAIT_S
 ) -> ImportReport:
@@ -292,25 +307,18 @@ def store_raw(
     t0 = time.perf_counter()
     root = Path(store).resolve()
     made = st.make_parents(root)
-    try:
-        with st.StoreLock(root, wait=lock_wait):
-            st.clean_stale(root)
-            if root.exists() and (root.is_file() or any(root.iterdir())):
-                raise XpuprofError(f"{root}: exists and is not empty; not overwriting it")
-            staging, _ = st.begin_staging(root)
-            try:
-                entries = [write_raw(raw, part, staging) for part, raw in enumerate(raws)]
-                manifest = st.new_manifest(entries)
-                st.commit_new(staging, root, manifest)
-            except BaseException:
-                st.discard(staging)
-                raise
-    except BaseException as e:
-        if not root.exists():
-            st.remove_parents(made)
-        if isinstance(e, OSError):
-            raise StoreError(st.io_message(e, root)) from None
-        raise
+    with _failing_cleanly(root, made), st.StoreLock(root, wait=lock_wait):
+        st.clean_stale(root)
+        if root.exists() and (root.is_file() or any(root.iterdir())):
+            raise XpuprofError(f"{root}: exists and is not empty; not overwriting it")
+        staging, _ = st.begin_staging(root)
+        try:
+            entries = [write_raw(raw, part, staging) for part, raw in enumerate(raws)]
+            manifest = st.new_manifest(entries)
+            st.commit_new(staging, root, manifest)
+        except BaseException:
+            st.discard(staging)
+            raise
     return _report(root, manifest, t0, 1)
 
 
@@ -514,16 +522,9 @@ def import_traces(
     root = Path(store).resolve()
     sources = expand_sources(paths)
     made = st.make_parents(root)
-    try:
-        with st.StoreLock(root, wait=lock_wait):
-            st.clean_stale(root)
-            return _import_locked(sources, root, t0, lenient, scheduler, workers, force, progress)
-    except BaseException as e:
-        if not root.exists():
-            st.remove_parents(made)
-        if isinstance(e, OSError):
-            raise StoreError(st.io_message(e, root)) from None
-        raise
+    with _failing_cleanly(root, made), st.StoreLock(root, wait=lock_wait):
+        st.clean_stale(root)
+        return _import_locked(sources, root, t0, lenient, scheduler, workers, force, progress)
 
 
 def _import_locked(
