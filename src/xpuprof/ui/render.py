@@ -34,7 +34,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from xpuprof.core.result import Presentation, Result, Table
-from xpuprof.core.text import BYTE_UNITS, TIME_UNITS, human_bytes, human_time, number  # noqa: F401
+from xpuprof.core.text import BYTE_UNITS, TIME_UNITS, human_bytes, human_time, number  # noqa: F401 - human_*: re-exported
 from xpuprof.ui.text import merge_notes, ranges_text, short_name  # noqa: F401  (re-exported)
 
 #: Text columns with a longer value keep one line per row, cut short; shorter ones wrap.
@@ -50,15 +50,13 @@ KEY_VALUE_MAX = 3
 UNIT_LIMIT = 10_000
 
 _TIME = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
-_TIME_UNITS = TIME_UNITS
-_BYTE_UNITS = BYTE_UNITS
 _RATE_UNITS = tuple((10.0 ** (3 * i), p + "B/s") for i, p in enumerate(("", "K", "M", "G", "T")))
 _FLOP_UNITS = tuple((10.0 ** (3 * i), p + "FLOP") for i, p in enumerate(("", "K", "M", "G", "T",
                                                                           "P")))  # fmt: skip
 _FLOPS_UNITS = tuple((s, u + "/s") for s, u in _FLOP_UNITS)
 _SCALED = {
-    "time": _TIME_UNITS,
-    "bytes": _BYTE_UNITS,
+    "time": TIME_UNITS,
+    "bytes": BYTE_UNITS,
     "B/s": _RATE_UNITS,
     "FLOP": _FLOP_UNITS,
     "FLOP/s": _FLOPS_UNITS,
@@ -104,9 +102,6 @@ def _missing(v: Any) -> bool:
         return False
 
 
-_number = number
-
-
 def _is_bool(v: Any) -> bool:
     return isinstance(v, bool) or type(v).__name__ in ("bool_", "bool")
 
@@ -117,7 +112,7 @@ def _plain(v: Any) -> str:
     if _is_bool(v):
         return "yes" if v else "no"
     if isinstance(v, float):
-        return _number(v)
+        return number(v)
     if isinstance(v, int) or type(v).__name__.startswith(("int", "uint")):
         return f"{int(v):,}"
     return str(v)
@@ -224,7 +219,7 @@ class Column:
             return f"{x:,.3f}"
         if self.unit == "%":  # a share reads best with a fixed, short precision
             return "0" if x == 0 else f"{x:.1f}" if abs(x) >= 1 else f"{x:.2f}"
-        return _number(x)
+        return number(x)
 
 
 def same_units(columns: list[Column]) -> None:
@@ -232,7 +227,7 @@ def same_units(columns: list[Column]) -> None:
     each at least 1 in it, its largest value under ten times :data:`UNIT_LIMIT`): ``2.5 s``
     beside ``800 ms`` reads as two kinds of number; ``2,500`` and ``800 ms`` do not."""
     times = [c for c in columns if c.kind == "time" and c.top > 0]
-    for scale, unit in reversed(_TIME_UNITS):
+    for scale, unit in reversed(TIME_UNITS):
         if len(times) > 1 and all(c.typical >= scale and c.top / scale < 10 * UNIT_LIMIT
                                   for c in times):  # fmt: skip
             for c in times:
