@@ -28,6 +28,7 @@ LAYERS = (
     "analysis",
     "sim",
     "advise",
+    "view",
     "export",
     "live",
     "ui",
