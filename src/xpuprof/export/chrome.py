@@ -39,11 +39,12 @@ from xpuprof.export.jsontext import (
     id_text,
     json_strings,
 )
+from xpuprof.export.overlay import Marks, parse_overlays
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
 
-__all__ = ["export_chrome", "CHUNK_ENTRIES", "GZIP_LEVEL"]
+__all__ = ["export_chrome", "parse_overlays", "CHUNK_ENTRIES", "GZIP_LEVEL"]
 
 #: Entries rendered and written at a time (bounds the text held in memory).
 CHUNK_ENTRIES = 1 << 16
@@ -105,15 +106,25 @@ class _Part:
 
 
 def _blocks(
-    trace: Trace, source: dict[str, Any], who: str | None = None, id_offset: int = 0
+    trace: Trace,
+    source: dict[str, Any],
+    who: str | None = None,
+    id_offset: int = 0,
+    marks: Marks | None = None,
+    flow_base: int = 0,
 ) -> list[Block]:
     """Read one part's tables and prepare one block per table (plus one for the ``E`` ends of
     B/E pairs). ``who`` (a merged export): the label that makes this part's pids and flow ids
-    distinct from the other parts', with numeric flow ids shifted by ``id_offset``."""
+    distinct from the other parts', with numeric flow ids shifted by ``id_offset``.
+    ``marks``: the overlay (``export/overlay.py``), its arrows numbered from ``flow_base``."""
     part = _Part.of(source, who, id_offset)
     blocks = _event_blocks(trace, part)
     for make in (_flow_block, _counter_block, _metadata_block):
         block = make(trace, part)
+        if block is not None:
+            blocks.append(block)
+    if marks is not None:
+        block = marks.block(part.part, part.pid_names, part.tid_names, who, flow_base)
         if block is not None:
             blocks.append(block)
     return blocks
@@ -445,43 +456,57 @@ def _file_name(source: dict[str, Any], taken: set[str]) -> str:
     return name
 
 
-def export_chrome(trace: Trace, path: str | Path) -> dict[str, Any]:
+def export_chrome(
+    trace: Trace, path: str | Path, *, overlays: tuple[str, ...] | str | None = ()
+) -> dict[str, Any]:
     """Write ``trace`` as Chrome-trace JSON (gzip when ``path`` ends with ``.gz``).
 
     ``path`` an existing directory or ending with ``/``: one file per part in it; otherwise one
-    file with all parts (pids made distinct per rank). Returns a summary: ``path``,
-    ``sources`` (parts written), ``events`` (trace entries written), ``bytes`` (on disk) and,
-    for a directory, ``files``.
+    file with all parts (pids made distinct per rank). ``overlays``: ``critical-path`` and/or
+    ``findings`` (``export/overlay.py``) to mark what xpuprof found. Returns a summary: ``path``,
+    ``sources`` (parts written), ``events`` (trace entries written), ``bytes`` (on disk), for
+    a directory ``files``, and with overlays ``overlays`` (entries marked per overlay).
     """
     text = os.fspath(path)
     out = Path(text)
+    which = parse_overlays(overlays) if isinstance(overlays, str) else tuple(overlays or ())
     sources = sorted(trace.sources, key=lambda s: s["part"])
     to_dir = out.is_dir() or text.endswith(("/", os.sep))
-    if to_dir:
-        return _export_dir(trace, out, sources)
-    if not out.parent.is_dir():
+    if not to_dir and not out.parent.is_dir():
         raise XpuprofError(f"{out}: the folder {out.parent} does not exist")
-    if len(sources) > 1:
-        # rank order; numeric flow ids of the k-th source are shifted by k * 10**digits
-        sources.sort(key=lambda s: (s.get("rank") is None, s.get("rank") or 0, s["part"]))
-        step = 10 ** _id_digits(trace)
-        labels = _labels(sources)
-        parts = [
-            partial(_blocks, trace, s, who, k * step)
-            for k, (s, who) in enumerate(zip(sources, labels, strict=True))
-        ]
-        top = _merged_top(sources)
+    marks = Marks(trace, which) if which else None
+    step = 10 ** _id_digits(trace)
+    flow_base = (len(sources) + 1) * step  # overlay arrows: above every source's flow ids
+    if to_dir:
+        summary = _export_dir(trace, out, sources, marks, flow_base)
     else:
-        parts = [partial(_blocks, trace, s) for s in sources]
-        top = _top_keys(sources[0].get("meta") or {}) if sources else {}
-    tmp = _temp_name(out)
-    try:
-        entries, size = _write_file(tmp, parts, top, gz=out.name.endswith(".gz"))
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return {"path": str(out), "sources": len(sources), "events": entries, "bytes": size}
+        if len(sources) > 1:
+            # rank order; numeric flow ids of the k-th source are shifted by k * 10**digits
+            sources.sort(key=lambda s: (s.get("rank") is None, s.get("rank") or 0, s["part"]))
+            labels = _labels(sources)
+            parts = [
+                partial(_blocks, trace, s, who, k * step, marks, flow_base + k * OVERLAY_FLOWS)
+                for k, (s, who) in enumerate(zip(sources, labels, strict=True))
+            ]
+            top = _merged_top(sources)
+        else:
+            parts = [partial(_blocks, trace, s, None, 0, marks, flow_base) for s in sources]
+            top = _top_keys(sources[0].get("meta") or {}) if sources else {}
+        tmp = _temp_name(out)
+        try:
+            entries, size = _write_file(tmp, parts, top, gz=out.name.endswith(".gz"))
+            os.replace(tmp, out)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        summary = {"path": str(out), "sources": len(sources), "events": entries, "bytes": size}
+    if marks is not None:
+        summary["overlays"] = dict(marks.counts)
+    return summary
+
+
+#: Overlay arrows numbered per part in a merged file (a part's arrows never reach this many).
+OVERLAY_FLOWS = 10**7
 
 
 def _labels(sources: list[dict[str, Any]]) -> list[str]:
@@ -512,7 +537,9 @@ def _merged_top(sources: list[dict[str, Any]]) -> dict[str, Any]:
     return common
 
 
-def _export_dir(trace: Trace, out: Path, sources: list[dict[str, Any]]) -> dict[str, Any]:
+def _export_dir(
+    trace: Trace, out: Path, sources: list[dict[str, Any]], marks: Marks | None, flow_base: int
+) -> dict[str, Any]:
     """One file per part in ``out``; all are written under temporary names first and renamed
     only when every one is complete."""
     if out.exists() and not out.is_dir():
@@ -528,7 +555,7 @@ def _export_dir(trace: Trace, out: Path, sources: list[dict[str, Any]]) -> dict[
             final = out / _file_name(s, taken)
             tmp = _temp_name(final)
             staged.append((tmp, final))
-            load = partial(_blocks, trace, s)
+            load = partial(_blocks, trace, s, None, 0, marks, flow_base)
             n, b = _write_file(tmp, [load], _top_keys(s.get("meta") or {}), gz=True)
             total += n
             size += b
