@@ -124,6 +124,9 @@ def _collectives(trace: Trace, where: str, align: str) -> Result:
     notes = _notes(ident, shared_rank)
     if not shared_rank:
         skew_tables, skew_notes = skew(trace, out, align)
+        late = skew_tables.pop("late", None)
+        if late is not None:  # each collective's lateness behind its first participant
+            tables["collectives"] = tables["collectives"].assign(late_ns=late)
         tables.update(skew_tables)
         notes += skew_notes
     line = headline(tables)

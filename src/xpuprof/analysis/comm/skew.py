@@ -27,7 +27,8 @@ STRAGGLER_COLUMNS = ["participant", "rank", "collectives", "times_last", "share_
 
 
 def skew(trace: Trace, out: pd.DataFrame, align: str) -> tuple[dict[str, pd.DataFrame], list[str]]:
-    """Tables ``clock``, ``skew`` and ``stragglers`` for the collectives table ``out`` (with its
+    """Tables ``clock``, ``skew`` and ``stragglers``, and the series ``late`` (each row's
+    lateness, :func:`late_ns`) for the collectives table ``out`` (with its
     ``participant``, ``process_group`` and ``seq`` columns), and the notes to read with them.
     No tables for fewer than two participants."""
     if out["participant"].nunique() < 2:
@@ -50,8 +51,21 @@ def skew(trace: Trace, out: pd.DataFrame, align: str) -> tuple[dict[str, pd.Data
         "clock": clock,
         "skew": matched[SKEW_COLUMNS],
         "stragglers": _stragglers(adjusted, matched),
+        "late": late_ns(adjusted, matched),
     }
     return tables, notes
+
+
+def late_ns(adjusted: pd.DataFrame, matched: pd.DataFrame) -> pd.Series:
+    """Per collective row of ``adjusted`` (same index): how long after the first participant
+    it started, on aligned clocks (its aligned start − the matched collective's earliest
+    start); NaN for a row matched with no other."""
+    first = matched.set_index(["process_group", "seq"])["first_start"].astype("Int64")
+    keys = pd.MultiIndex.from_frame(adjusted[["process_group", "seq"]])
+    # integers: a float64 of a ~1.7e18 ns timestamp is off by up to 128 ns
+    start = adjusted["ats"].round().astype("Int64").to_numpy()
+    late = pd.array(start - first.reindex(keys).to_numpy(), dtype="Int64")
+    return pd.Series(late, index=adjusted.index).astype("float64")
 
 
 def _uneven(out: pd.DataFrame) -> list[str]:
