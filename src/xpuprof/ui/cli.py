@@ -13,6 +13,9 @@ is decided, once.
 
 Heavy libraries (pyarrow, pandas, DuckDB, Dask) are imported inside the commands that need them,
 so ``xpuprof info`` answers from the manifest alone in a fraction of a second.
+
+Length: one Typer command per non-analysis action, each mostly its options and help; splitting
+them over files would scatter the one place that decides exit codes and error lines.
 """
 
 from __future__ import annotations
@@ -202,26 +205,89 @@ def export(
         "for one file per rank.",
     ),
     fmt: str = typer.Option("chrome", "--format", help="Output format: chrome."),
+    overlay: str = typer.Option(
+        None,
+        "--overlay",
+        help="Also mark what xpuprof found: critical-path, findings, or both "
+        "(critical-path,findings), as flow arrows and marker spans (docs/export.md).",
+    ),
     as_json: bool = _JSON,
 ) -> None:
     """Write a store back out as a Chrome trace (opens in Perfetto and chrome://tracing)."""
     if fmt != "chrome":
         _fail(XpuprofError(f"unknown export format {fmt!r}; formats: chrome"))
-    from xpuprof.export.chrome import export_chrome
+    from xpuprof.export.chrome import export_chrome, parse_overlays
     from xpuprof.trace.trace import Trace
 
     try:
+        overlays = parse_overlays(overlay)
         with Trace(store) as trace:
-            summary = export_chrome(trace, output)
+            summary = export_chrome(trace, output, overlays=overlays)
     except XpuprofError as e:
         _fail(e)
     if as_json:
         render.print_json(summary)
+        return
+    out.print(
+        f"wrote {summary['events']:,} trace entries from {summary['sources']} source(s) "
+        f"to {escape(str(summary['path']))} ({render.human_bytes(summary['bytes'])})"
+    )
+    for name, n in (summary.get("overlays") or {}).items():
+        out.print(f"  with the {name.replace('_', ' ')} overlay: {n:,} marked event(s)")
+
+
+@app.command()
+def report(
+    store: Path = typer.Argument(..., help="The " + "store directory (or a trace file)."),
+    output: Path = typer.Option(..., "-o", "--output", help="The HTML file to write."),
+    ranks: str = typer.Option(None, "--rank", help=tools.COMMON["ranks"].help),
+    steps: str = typer.Option(None, "--steps", help=tools.COMMON["steps"].help),
+    as_json: bool = _JSON,
+) -> None:
+    """Write one self-contained HTML report (overview, findings, charts, tables; works
+    offline: Plotly's JavaScript is inside the file)."""
+    from xpuprof.trace.trace import load
+
+    try:
+        with load(store) as trace:
+            answer = tools.write_report(trace, output, ranks=ranks, steps=steps)
+    except XpuprofError as e:
+        _fail(e)
+    if as_json:
+        render.print_json(answer)
     else:
         out.print(
-            f"wrote {summary['events']:,} trace entries from {summary['sources']} source(s) "
-            f"to {escape(str(summary['path']))} ({render.human_bytes(summary['bytes'])})"
+            f"wrote the report {escape(str(answer['path']))} "
+            f"({render.human_bytes(answer['bytes'])})",
+            highlight=False,
+            soft_wrap=True,
         )
+
+
+@app.command("ui")
+def web_ui(
+    store: Path = typer.Argument(
+        ..., help="A store directory, or a directory whose folders are stores."
+    ),
+    port: int = typer.Option(8765, "--port", help="Port to listen on (0: any free port)."),
+    host: str = typer.Option(
+        "127.0.0.1",
+        "--host",
+        help="Address to listen on. Any address other than loopback needs --token.",
+    ),
+    token: str = typer.Option(
+        None,
+        "--token",
+        envvar="XPUPROF_UI_TOKEN",
+        help="Secret every request must carry (or XPUPROF_UI_TOKEN).",
+    ),
+) -> None:
+    """Serve the web UI: overview, trace viewer, every tool as a page with charts (read-only;
+    127.0.0.1 unless --host and --token say otherwise)."""
+    try:
+        tools.serve_ui(store, host=host, port=port, token=token)
+    except XpuprofError as e:
+        _fail(e)
 
 
 #: A duration: a decimal number and an optional unit (no exponents, nan or inf).
@@ -289,14 +355,19 @@ def demo(
     ),
     steps: int = typer.Option(5, "--steps", help="Training steps to record."),
     level: str = typer.Option("op", "--level", help="Capture level: step, layer, op, full."),
+    report_path: Path = typer.Option(
+        None,
+        "--report",
+        help="The HTML report to write (default: beside the store, demo-report.html).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the store's info as JSON."),
 ) -> None:
     """Profile a small built-in transformer training on the CPU, and print its summary.
 
     Trains under xpuprof.profile, writes the store (--out) and prints what xpuprof summary
     prints: what the store holds, the overview, top ops, slowest layers and recommendations;
-    then where the store is. Without torch, imports the real trace shipped with xpuprof
-    instead."""
+    then writes the HTML report beside it (--report) and says where both are. Without torch,
+    imports the real trace shipped with xpuprof instead."""
     store = store or demo_store()
     try:
         _record_demo(store, steps, level, as_json)
@@ -304,13 +375,31 @@ def demo(
         _fail(e)
     more = f"xpuprof summary {store} --limit N for more"
     show("info" if as_json else "summary", [store], {}, as_json, limit=8, more=more)
+    page = report_path or demo_report(store)
+    try:
+        from xpuprof.trace.trace import Trace
+
+        with Trace(store) as trace:
+            written = tools.write_report(trace, page)
+    except XpuprofError as e:
+        _fail(e)
     if not as_json:
         out.print(
             f"The store is {escape(str(store))}: run any xpuprof command on it, e.g. "
-            f"xpuprof overview {escape(str(store))}",
+            f"xpuprof overview {escape(str(store))}, or browse it with xpuprof ui "
+            f"{escape(str(store))}",
             highlight=False,
             soft_wrap=True,
         )
+        out.print(f"The report is {escape(str(written['path']))} (open it in a browser; "
+                  "it works offline)", highlight=False, soft_wrap=True)  # fmt: skip
+
+
+def demo_report(store: Path) -> Path:
+    """Where the demo writes its report: beside the store, ``demo.store`` →
+    ``demo-report.html``."""
+    stem = store.name[: -len(".store")] if store.name.endswith(".store") else store.name
+    return store.with_name(f"{stem}-report.html")
 
 
 def _record_demo(store: Path, steps: int, level: str, quiet: bool) -> None:

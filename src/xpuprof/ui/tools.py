@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xpuprof.core.errors import XpuprofError
@@ -350,6 +351,73 @@ def formats() -> Result:
     rows = [{"format": n, "suffixes": ", ".join(s), "description": d}
             for n, d, s in input_formats()]  # fmt: skip
     return Result(tables={"formats": rows})
+
+
+# ------------------------------------------------------------------------------ the viewer
+# The trace viewer's questions (docs/view.md): thin names for :mod:`xpuprof.view`, so the web UI
+# asks this module, as it does for every tool, and imports nothing that computes.
+
+
+def viewer_tracks(trace: Trace) -> dict[str, Any]:
+    """The viewer's tracks (rank, process, thread, stream, counter) and the trace's time span."""
+    from xpuprof.view import tracks
+
+    return tracks(trace)
+
+
+def viewer_window(
+    trace: Trace, ts0: int, ts1: int, width_px: int, tracks: list[int] | None = None
+) -> dict[str, Any]:
+    """Events and per-pixel summaries of a time window at a width in pixels."""
+    from xpuprof.view import window
+
+    return window(trace, ts0, ts1, width_px, tracks)
+
+
+def viewer_event(trace: Trace, event_id: int) -> dict[str, Any]:
+    """One event with its args, its ancestry across levels and its flows."""
+    from xpuprof.view import event
+
+    return event(trace, event_id)
+
+
+def viewer_search(trace: Trace, text: str, limit: int = 100) -> dict[str, Any]:
+    """Events whose name contains ``text`` (case-insensitive), in time order."""
+    from xpuprof.view import search
+
+    return search(trace, text, limit=limit)
+
+
+def viewer_overlays(
+    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None
+) -> dict[str, Any]:
+    """The critical path and the advisor's findings as events to mark in the viewer."""
+    from xpuprof.view import overlays
+
+    return overlays(trace, ranks=ranks, steps=steps)
+
+
+# ------------------------------------------------------------------- report and web server
+
+
+def write_report(
+    trace: Trace, out: str | Path, *, ranks: Iterable[int] | str | None = None,
+    steps: StepSelection | str = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Write the self-contained HTML report of ``trace`` to ``out`` (:mod:`xpuprof.ui.report`);
+    ranks and steps may be given as the CLI's text."""
+    from xpuprof.ui.report import write_report as write
+
+    kw = _call(get("overview"), (trace,), {"ranks": ranks, "steps": steps})
+    return write(trace, Path(out), **kw)
+
+
+def serve_ui(root: str | Path, *, host: str = "127.0.0.1", port: int = 8765,
+             token: str | None = None) -> None:  # fmt: skip
+    """Serve the web UI over a store or a directory of stores (:mod:`xpuprof.ui.web`)."""
+    from xpuprof.ui.web.server import serve
+
+    serve(Path(root), host=host, port=port, token=token)
 
 
 # ------------------------------------------------------------------------------ the list
