@@ -232,6 +232,34 @@ def sync(tmp_path_factory):
         yield path, trace
 
 
+def test_string_pids_and_tids_are_labelled_as_the_source_spelled_them(tmp_path: Path) -> None:
+    """Kineto writes a few host events with string pids and tids (``Spans`` / ``PyTorch
+    Profiler``, ``Traces``, and the empty string); they are stored as negative numbers, but a
+    track's group and label name the strings, and the real threads come first."""
+    path = shared("kineto/gpu/a100_triton.json.gz")
+    raw = read_trace_json(path)["traceEvents"]
+    spelled = {(e["pid"], e["tid"]) for e in raw
+               if e.get("ph") != "M" and isinstance(e.get("pid"), str)}  # fmt: skip
+    assert ("", "") in spelled and ("Spans", "PyTorch Profiler") in spelled
+    want = {(f"rank 0 · {p or '(unnamed process)'}", t or "(unnamed thread)") for p, t in spelled}
+    numeric = {
+        e["tid"]
+        for e in raw
+        if e.get("ph") == "X"
+        and isinstance(e.get("pid"), int)
+        and e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation")
+    }
+    store = tmp_path / "t.store"
+    xpuprof.import_traces([path], store)
+    with xpuprof.load(store) as trace:
+        threads = [t for t in view.tracks(trace)["tracks"] if t["kind"] == "thread"]
+    named = {(t["group"], t["label"]) for t in threads if t["pid"] < 0}
+    assert named == want
+    # the real host threads first, then the string ones
+    first = threads[: len(threads) - len(named)]
+    assert {t["tid"] for t in first} == numeric and all(t["pid"] >= 0 for t in first)
+
+
 def test_whole_window_accounts_for_every_event(alexnet) -> None:
     info = view.tracks(alexnet)
     want = {}

@@ -67,12 +67,32 @@ def _xss_store(root: Path) -> Path:
     return root / EVIL
 
 
+#: A ROCm kernel's name: hundreds of characters without a space (the MI250 trace has one).
+LONG_NAME = "Cijk_Alik_Bljk_SB_Bias_" + "_".join(f"AFEM{i}_LBSPPA{i * 128}" for i in range(40))
+
+
+def _long_name_store(root: Path) -> Path:
+    """A one-step trace whose busiest kernel is :data:`LONG_NAME` (so the stats headline names
+    it) and another one with a long C++ template name."""
+    tb = TraceBuilder(rank=0)
+    tb.step(1, ts=0, dur=1000)
+    tb.op("aten::addmm", ts=10, dur=700)
+    tb.launch(LONG_NAME, ts=100, dur=500, launch_ts=20)
+    tb.launch("void at::native::vectorized_elementwise_kernel<4, " + "at::native::Functor<float>, "
+              * 12 + "at::detail::Array<char*, 2> >(int, at::detail::Array<char*, 2>)",
+              ts=650, dur=100, launch_ts=30)  # fmt: skip
+    src = tb.write(root.parent / "long.json")
+    xpuprof.import_traces([src], root / "longname")
+    return root / "longname"
+
+
 @pytest.fixture(scope="module")
 def web_root(tmp_path_factory) -> dict[str, Any]:
-    """A directory of stores (the shared ones when present, always the XSS one)."""
+    """A directory of stores (the shared ones when present, always the XSS and long-name
+    ones)."""
     root = tmp_path_factory.mktemp("web") / "stores"
     root.mkdir()
-    have = {"xss": _xss_store(root).name}
+    have = {"xss": _xss_store(root).name, "longname": _long_name_store(root).name}
     alexnet = SHARED_TRACES / "kineto/gpu/a100_alexnet_cuda_sync.json.gz"
     dlrm = SHARED_TRACES / "kineto/gpu/dlrm_8rank_v100"
     if alexnet.exists():
@@ -523,6 +543,60 @@ def test_tables_sort_and_filter(server, web_root, traces, browser):  # noqa: F81
         assert sorted(names) == sorted(expected) and names
 
 
+def test_long_kernel_names_stay_readable(server, web_root, traces, browser):  # noqa: F811
+    """Demangled kernel names run to hundreds of characters: a table shows them short (as the
+    terminal does) with the whole name as the cell's tooltip, the filter also finds a part the
+    short name leaves out, and at 800 px the name column keeps a readable width (it was
+    squeezed to a few letters a line, each row hundreds of pixels tall)."""
+    need(web_root, "alexnet")
+    kernels = tools.document("stats", traces("alexnet"))["tables"]["kernels"]
+    templated = max((k["name"] for k in kernels if "<" in k["name"]), key=len)
+    hidden = templated.split("<", 1)[1][:18]  # inside the template arguments
+    assert len(templated) > 200
+    with open_page(browser) as w:
+        page = w.page
+        page.set_viewport_size({"width": 800, "height": 900})
+        page.goto(page_url(server, "alexnet", "stats"))
+        wait_ready(page)
+        cells = page.eval_on_selector_all(
+            'td[data-table="kernels"][data-col="name"]',
+            "tds => tds.map(td => ({full: JSON.parse(td.dataset.v),"
+            " text: td.firstChild.textContent, title: td.title,"
+            " width: td.getBoundingClientRect().width,"
+            " height: td.getBoundingClientRect().height}))",
+        )
+        assert len(cells) == len(kernels)
+        for c in cells:
+            assert c["title"] == (c["full"] if c["text"] != c["full"] else ""), c
+            assert c["width"] >= 200 and c["height"] < 160, c
+        mine = next(c for c in cells if c["full"] == templated)
+        assert len(mine["text"]) < 80 and hidden not in mine["text"]
+        page.locator('section[data-table="kernels"] input.xp-filter').fill(hidden)
+        names = page.locator('table[data-table="kernels"] td[data-col="name"]').evaluate_all(
+            "tds => tds.map(td => JSON.parse(td.dataset.v))")  # fmt: skip
+        assert templated in names and all(hidden.lower() in n.lower() for n in names)
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+def test_long_names_never_widen_the_page(server, web_root, browser, width):  # noqa: F811
+    """A kernel name of hundreds of characters without a space, in the headline, the findings,
+    the tables and the charts of every page, wraps or scrolls inside its box: the page is never
+    wider than the window (the MI250 trace's stats page was 4,038 px wide at 1,280)."""
+    with open_page(browser) as w:
+        page = w.page
+        page.set_viewport_size({"width": width, "height": 900})
+        for name in ("overview", "stats", "summary", "roofline"):
+            page.goto(page_url(server, "longname", name))
+            assert wait_ready(page) == "1", name
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.xp-chart')].every(c => c.dataset.drawn)",
+                timeout=30_000,
+            )
+            if name == "stats":
+                assert LONG_NAME in page.text_content("#xp-headline")
+            assert page.evaluate("document.documentElement.scrollWidth") <= width, name
+
+
 def test_overview_findings_link_to_the_viewer(server, web_root, browser):  # noqa: F811
     """Each finding shows its recommendation, evidence and saving, and links to the viewer with
     its event ids; following the link highlights those events there."""
@@ -649,6 +723,27 @@ def test_viewer_zoom_and_pan(server, web_root, browser, artifacts):  # noqa: F81
         assert abs(again["ts0"] - wheeled["ts0"]) > 0  # panned since: the hash kept the pan
         assert math.isclose(again["ts1"] - again["ts0"], wheeled["ts1"] - wheeled["ts0"],
                             rel_tol=1e-3, abs_tol=2)  # fmt: skip
+
+
+def test_viewer_on_a_narrow_screen(server, web_root, browser):  # noqa: F811
+    """At 800 px the side panel goes under the timeline, which keeps the width (beside it,
+    the timeline had 204 px left for time after the track names); a selected event's details
+    are in view."""
+    store = web_root["stores"]["xss"]
+    with open_page(browser) as w:
+        page = w.page
+        page.set_viewport_size({"width": 800, "height": 900})
+        page.goto(page_url(server, store, "viewer"))
+        viewer_ready(page)
+        assert page.evaluate("xpuprofViewer.window.width") >= 500
+        assert page.evaluate("xpuprofViewer.drawnItems") > 0
+        eid = page.evaluate("fetch(xpuprof.storeApi('view/search?q=aten::mm'))"
+                            ".then(r => r.json()).then(d => d.matches[0].id)")  # fmt: skip
+        page.evaluate(f"xpuprofViewer.select({eid})")
+        page.wait_for_selector(f'#xp-panel[data-event="{eid}"]')
+        name = page.locator("#xp-event-name").bounding_box()
+        assert name is not None and name["y"] + name["height"] <= 900
+        assert page.locator("#xp-canvas").bounding_box()["width"] >= 700
 
 
 def raw_event(trace: Trace, eid: int) -> dict[str, Any]:

@@ -194,12 +194,37 @@ def _labels(trace: Trace) -> tuple[dict, dict]:
     return threads, procs
 
 
-def _text(trace: Trace, part: int, kind: str, value: int) -> str:
-    """A pid or tid as the source spelled it (strings became negative numbers on import)."""
+def _spelled(trace: Trace, part: int, kind: str, value: int) -> str | None:
+    """The string a pid or tid stood for in the source (strings, the empty one too, became
+    negative numbers on import: ``meta.string_ids``), or None for a numeric one."""
     src = next((s for s in trace.sources if s["part"] == part), None)
     ids = ((src or {}).get("meta") or {}).get("string_ids") or {}
     got = (ids.get(kind) or {}).get(str(value))
-    return got if isinstance(got, str) and got else str(value)
+    return got.strip() if isinstance(got, str) else None
+
+
+def _host_name(trace: Trace, part: int, pid: int) -> str:
+    """A host process as the group's name says it: ``host 4512``; a string pid as the source
+    spelled it (Kineto's ``Traces``, ``Spans``), an empty one ``(unnamed process)``."""
+    if pid == NULL:
+        return "host ?"
+    text = _spelled(trace, part, "pid", pid)
+    return f"host {pid}" if text is None else (text or "(unnamed process)")
+
+
+def _thread_name(trace: Trace, part: int, tid: int) -> str:
+    """A host thread without a ``thread_name``: ``thread 4517``; a string tid as the source
+    spelled it (``PyTorch Profiler``), an empty one ``(unnamed thread)``."""
+    if tid == NULL:
+        return "thread ?"
+    text = _spelled(trace, part, "tid", tid)
+    return f"thread {tid}" if text is None else (text or "(unnamed thread)")
+
+
+def _after_numbers(value: int) -> tuple[int, int]:
+    """Sort key of a pid or tid: numeric ones first (the real processes and threads), then
+    the string ones (negative: -1, -2… in the order the source named them), then null."""
+    return (0, value) if value >= 0 else (1, -value)
 
 
 def track_table(trace: Trace, ev: pd.DataFrame, ct: pd.DataFrame) -> list[dict[str, Any]]:
@@ -233,17 +258,13 @@ def track_table(trace: Trace, ev: pd.DataFrame, ct: pd.DataFrame) -> list[dict[s
             label = threads.get((part, pid, tid)) or f"stream {'?' if b == NULL else b}"
             rec |= {"kind": "stream", "pid": pid, "tid": None, "device": a,
                     "stream": None if b == NULL else b, "group": group(rank, part, what),
-                    "label": label, "order": (rank, part, 1, a, b, "")}  # fmt: skip
+                    "label": label, "order": (rank, part, 1, (0, a), (0, b), "")}  # fmt: skip
         else:
-            host = "?" if a == NULL else _text(trace, part, "pid", a)
-            label = (
-                threads.get((part, a, b))
-                or f"thread {'?' if b == NULL else _text(trace, part, 'tid', b)}"
-            )
+            label = threads.get((part, a, b)) or _thread_name(trace, part, b)
             rec |= {"kind": "thread", "pid": None if a == NULL else a,
                     "tid": None if b == NULL else b, "device": -1, "stream": None,
-                    "group": group(rank, part, f"host {host}"), "label": label,
-                    "order": (rank, part, 0, a, b, "")}  # fmt: skip
+                    "group": group(rank, part, _host_name(trace, part, a)), "label": label,
+                    "order": (rank, part, 0, _after_numbers(a), _after_numbers(b), "")}  # fmt: skip
         out.append(rec)
     for _, row in ct.iterrows():
         part, pid, rank = int(row["part"]), int(row["pid"]), int(row["rank"])
@@ -261,7 +282,7 @@ def track_table(trace: Trace, ev: pd.DataFrame, ct: pd.DataFrame) -> list[dict[s
                 "lanes": 1,
                 "events": int(row["n"]),
                 "key": [part, pid, row["name"], row["series"]],
-                "order": (rank, part, 2, pid, 0, f"{row['name']}\0{row['series']}"),
+                "order": (rank, part, 2, (0, pid), (0, 0), f"{row['name']}\0{row['series']}"),
             }
         )
     out.sort(key=lambda r: r.pop("order"))

@@ -40,7 +40,7 @@ FOLDER = "view"
 #: the operating system's file cache, so the next read of them costs a minor page fault.
 TRIM_BYTES = 256 << 20
 #: Bumped whenever the layout changes: a new version means a new digest, hence a rebuild.
-FORMAT = 1
+FORMAT = 2
 
 
 def digest(trace: Trace) -> str:

@@ -1,6 +1,7 @@
 """A tool's Result as the web page shows it: every table's cells formatted by the terminal's
 rules (:class:`xpuprof.ui.render.Column`: units from column names and the presentation, the
-time columns of a table in one unit, timestamps in ms from the trace's first event), each cell
+time columns of a table in one unit, timestamps in ms from the trace's first event, C++ names
+short), each cell
 next to its raw value as JSON text — the value the CLI's ``--json`` prints, exactly (the
 browser would round integers past 2**53, such as timestamps in ns, if it parsed them).
 
@@ -61,7 +62,10 @@ def table_view(name: str, table: Table, p: Presentation, origin: int | None) -> 
     rows = records(table)
     cols = _columns(table, rows)
     units = dict(p.units)
-    spec = [Column(c, [r.get(c) for r in rows], units.get(c), origin, wide=True) for c in cols]
+    # names short as in the terminal (C++ template arguments and parameter lists elided): a
+    # kernel's demangled name is often hundreds of characters; the page keeps the whole one
+    # as the cell's tooltip (from ``raw``) and the filter matches it too
+    spec = [Column(c, [r.get(c) for r in rows], units.get(c), origin) for c in cols]
     same_units(spec)
     view: dict[str, Any] = {
         "name": name,

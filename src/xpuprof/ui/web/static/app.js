@@ -99,12 +99,15 @@
                     title: 'show in the trace viewer', text: '↗'});
   }
 
-  function cell(tv, row, j, tag) {
+  function cell(tv, row, j, tag, across) {
     const col = tv.columns[j];
     const raw = tv.raw[row][j];
-    const td = el(tag || 'td', {class: col.numeric ? 'num' : null,
+    const text = tv.text[row][j];
+    const full = col.numeric ? null : fullText(raw);
+    const td = el(tag || 'td', {class: col.numeric ? 'num' : !across && longColumns(tv).has(j) ? 'text long' : 'text',
+                                title: full !== null && full !== text ? full : null,
                                 data: {col: col.name, v: raw, row: row, table: tv.name}},
-                  tv.text[row][j]);
+                  text);
     if (ID_COLUMNS.has(col.name)) {
       let ids = null;
       try { ids = JSON.parse(raw); } catch (e) { ids = null; }
@@ -112,6 +115,27 @@
       if (link) td.append(' ', link);
     }
     return td;
+  }
+
+  /** The text columns of a table with a value longer than LONG_TEXT characters (kernel
+   * names): they get a wider minimum so that a name wraps over a few lines, not dozens. */
+  const LONG_TEXT = 24;
+  const longCache = new WeakMap();
+  function longColumns(tv) {
+    if (!longCache.has(tv)) {
+      const out = new Set();
+      tv.columns.forEach((c, j) => {
+        if (!c.numeric && tv.text.some(r => String(r[j]).length > LONG_TEXT)) out.add(j);
+      });
+      longCache.set(tv, out);
+    }
+    return longCache.get(tv);
+  }
+
+  /** The whole text of a raw string value (a name the cell shows short), else null. */
+  function fullText(raw) {
+    if (typeof raw !== 'string' || raw[0] !== '"') return null;
+    try { return JSON.parse(raw); } catch (e) { return null; }
   }
 
   function rawNumber(text) {
@@ -142,7 +166,7 @@
     if (!shown.length) shown = tv.columns.map((c, j) => j);
     const blank = tv.columns.filter(c => c.blank).map(c => c.header);
     if (tv.layout === 'transpose' && tv.rows <= 8) {
-      wrap.append(transposed(tv, shown));
+      wrap.append(el('div', {class: 'xp-scroll'}, transposed(tv, shown)));
     } else {
       wrap.append(records(tv, shown, opts));
     }
@@ -164,7 +188,7 @@
     for (const j of shown) {
       if (j === key) continue;
       const tr = el('tr', {}, el('th', {text: tv.columns[j].header}));
-      for (let i = 0; i < tv.rows; i++) tr.append(cell(tv, i, j));
+      for (let i = 0; i < tv.rows; i++) tr.append(cell(tv, i, j, 'td', true));
       body.append(tr);
     }
     table.append(body);
@@ -213,7 +237,9 @@
     more.addEventListener('click', () => { limit = Infinity; draw(); });
     function draw() {
       const q = query.toLowerCase();
-      const rows = q ? order.filter(i => tv.text[i].some(t => t.toLowerCase().includes(q))) : order;
+      const hit = i => shown.some(j => tv.text[i][j].toLowerCase().includes(q) ||
+                                   (!tv.columns[j].numeric && (fullText(tv.raw[i][j]) || '').toLowerCase().includes(q)));
+      const rows = q ? order.filter(hit) : order;
       const frag = document.createDocumentFragment();
       for (const i of rows.slice(0, limit)) {
         const tr = el('tr', {data: {row: i}});

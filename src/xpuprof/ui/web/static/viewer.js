@@ -15,6 +15,9 @@
 'use strict';
 (function () {
   const GUTTER = 230;
+  /** The share of the window's height the side panel takes under the timeline on a narrow
+   * screen (style.css's max-height of .xp-panel there). */
+  const PANEL_BELOW = 0.3;
   const AXIS = 24;
   const STRIP = 12;
   const LANE = 18;
@@ -174,7 +177,10 @@
     function resize() {
       const rect = stage.getBoundingClientRect();
       const w = Math.max(300, Math.floor(rect.width));
-      const h = Math.max(240, Math.floor(window.innerHeight - rect.top - 12));
+      // on a narrow screen the side panel sits under the timeline (style.css): leave it room
+      const below = getComputedStyle(body).flexDirection === 'column';
+      const room = below ? Math.round(window.innerHeight * PANEL_BELOW) + 8 : 0;
+      const h = Math.max(240, Math.floor(window.innerHeight - rect.top - 12 - room));
       const dpr = window.devicePixelRatio || 1;
       if (w === S.w && h === S.h && canvas.width === Math.round(w * dpr)) return false;
       S.w = w; S.h = h;
@@ -602,6 +608,9 @@
       field(dl, 'level', e.level);
       field(dl, 'category', e.category);
       field(dl, 'rank', e.rank);
+      // the track as its name reads (string pids and tids are negative numbers in the store)
+      const tr = S.byId.get(e.track);
+      field(dl, 'track', tr ? `${tr.group} · ${tr.label}` : e.track);
       field(dl, 'pid', e.pid);
       field(dl, 'tid', e.tid);
       field(dl, 'device', e.device);
