@@ -321,7 +321,7 @@ def memory(
         notes.append(
             "[memory] events without Addr (older profilers): their device's timeline and peak "
             "are reported, but allocations cannot be paired with frees, so its live set is "
-            "unknown (live_bytes NaN)."
+            "unknown (live_bytes is left empty)."
         )
     if (peaks["unattributed_bytes"] > 0).any():
         notes.append(
