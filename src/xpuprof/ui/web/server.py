@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from xpuprof.core.errors import XpuprofError
+from xpuprof.core.text import plural
 from xpuprof.ui.web.security import check_bind
 
 
@@ -70,7 +71,8 @@ def serve(root: str | Path, *, host: str = "127.0.0.1", port: int = 8765,
     if not n:
         raise XpuprofError(f"{root}: no store here (a store, or a directory of stores)")
     sock = _bind(host, port)
-    print(f"xpuprof ui: {n} store(s) at {url_of(sock, token)}  (Ctrl-C stops)", flush=True)
+    print(f"xpuprof ui: {plural(n, 'store')} at {url_of(sock, token)}  (Ctrl-C stops)",
+          flush=True)  # fmt: skip
     if prefetch > 0:
         app.state.prefetch(prefetch)
     try:
