@@ -39,6 +39,16 @@ def alex(tmp_path_factory) -> Path:
     return store
 
 
+@pytest.fixture(scope="module", params=["alexnet", "example"])
+def path_store(request, tmp_path_factory) -> Path:
+    """A GPU trace (host and device on the path) and the shipped CPU trace (a fresh clone)."""
+    if request.param == "alexnet":
+        return request.getfixturevalue("alex")
+    store = tmp_path_factory.mktemp("overlay") / "example.store"
+    assert cli("import", EXAMPLE, "-o", store).returncode == 0
+    return store
+
+
 def test_overlay_names_are_checked(tmp_path) -> None:
     assert parse_overlays("critical-path") == ("critical-path",)
     assert parse_overlays("findings, critical_path") == ("findings", "critical-path")
@@ -50,7 +60,8 @@ def test_overlay_names_are_checked(tmp_path) -> None:
     assert not list(tmp_path.iterdir())
 
 
-def test_critical_path_overlay_marks_each_segment_and_keeps_the_trace(alex, tmp_path) -> None:
+def test_critical_path_overlay_marks_each_segment_and_keeps_the_trace(path_store, tmp_path):
+    alex = path_store
     plain, marked = tmp_path / "plain.json", tmp_path / "marked.json"
     assert cli("export", alex, "-o", plain).returncode == 0
     summary = cli_json("export", alex, "-o", marked, "--overlay", "critical-path")
