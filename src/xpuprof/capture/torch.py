@@ -5,9 +5,15 @@ Why hooks: torch.profiler records aten ops and kernels but not which model layer
 XSP's across-stack view needs that level. A forward pre-hook and forward hook per module (and
 the full backward pre-hook/hook pair, where the module allows it) bracket each module's work
 with a span named by its path in the model (``encoder.layers.3.attn``) and carrying its type.
-The spans are plain tuples appended to a per-thread list (a few microseconds per module call),
-then merged with the profiler's events into one store, where the normaliser nests every aten op
-inside the layer that ran it.
+Without torch's profiler (level ``layer``) the spans are plain tuples appended to a per-thread
+list (a few microseconds per module call), read with torch's profiler clock and converted to
+Unix time; while the profiler records (levels ``op``, ``full``) each module call is a torch
+record function instead, which torch stamps with the same clock and conversion as the aten ops
+inside it, and which the segment's trace file turns into a layer span (``layer_marks.py``: two
+conversions of one clock, calibrated at different moments, disagreed by microseconds on a loaded
+machine, enough to make ops straddle their module's span). Either way the spans land in one
+store with the profiler's events, where the normaliser nests every aten op inside the layer
+that ran it.
 
 torch is imported only inside these functions: xpuprof works without it, and says which extra
 to install when asked to profile PyTorch without it.
@@ -29,6 +35,7 @@ from typing import Any
 
 import msgspec
 
+from xpuprof.capture.layer_marks import layer_mark, marks_to_spans
 from xpuprof.core.errors import XpuprofError
 
 
@@ -56,6 +63,13 @@ class LayerSpans:
     ``install(model)`` registers hooks on every submodule; ``remove()`` takes them off again.
     The hooks cost nothing once removed, and while installed check one flag before recording,
     so a model can keep them between captures.
+
+    :meth:`attach` (by :class:`TorchProfiler`, on the thread that runs the model, right after
+    torch's profiler starts) makes every module call a torch record function until
+    :meth:`detach` (right before it stops): spans on the profiler's own clock, written into its
+    trace file (``layer_marks.py``) rather than kept here. Record functions still open at
+    :meth:`detach` (a step marked inside a module call) are closed there, so none outlives the
+    profiler session it was stamped in.
     """
 
     def __init__(self, max_records: int = 1_000_000) -> None:
@@ -73,10 +87,14 @@ class LayerSpans:
         self._pinned = False
         self._offset = 0
         self._filter: Any = None
+        #: torch's record-function type while attached to a recording profiler, else None.
+        self._rf: Any = None
+        #: How the spans were timed (for the store's meta).
+        self.clock = "torch profiler clock, converted by xpuprof"
 
     # -- recording ---------------------------------------------------------------------------
 
-    def _buffer(self) -> tuple[list[tuple[Any, ...]], list[int]]:
+    def _buffer(self) -> tuple[list[Any], list[tuple[Any, ...]]]:
         loc = self._local
         try:
             return loc.open, loc.buf
@@ -87,25 +105,78 @@ class LayerSpans:
                 self._buffers.append((threading.get_native_id(), loc.buf))
             return loc.open, loc.buf
 
-    def _enter(self, path: str, kind: str, phase: str) -> None:
+    def _enter(self, path: str, kind: str, phase: str, mark: str) -> None:
+        """A module call begins: push a clock reading (a tuple), or ``[record function,
+        its name]`` (None: a span over ``max_records``)."""
         if not self.active:
             return
         opened, _ = self._buffer()
-        opened.append((self._clock(), path, kind, phase))
+        rf = self._rf
+        if rf is None:
+            opened.append((self._clock(), path, kind, phase))
+        elif self._count < self.max_records:
+            self._count += 1
+            span = rf(mark)
+            span.__enter__()
+            opened.append([span, mark])
+        else:
+            opened.append(None)
 
     def _exit(self) -> None:
-        if not self.active:
-            return
-        end = self._clock()
-        opened, buf = self._buffer()
-        if not opened:
+        end = self._clock() if self._rf is None else 0
+        try:
+            opened = self._local.open
+            item = opened.pop()
+        except (AttributeError, IndexError):
             return  # a capture started between this module's pre-hook and hook
-        start, path, kind, phase = opened.pop()
-        if self._count >= self.max_records:
+        if item.__class__ is list:
+            if item[0] is not None:
+                item[0].__exit__(None, None, None)
+        elif item is None:
             self.dropped += 1
+        elif self.active:
+            start, path, kind, phase = item
+            if self._count >= self.max_records:
+                self.dropped += 1
+                return
+            self._count += 1
+            self._local.buf.append((start, end or self._clock(), path, kind, phase))
+
+    # -- torch's profiler --------------------------------------------------------------------
+
+    def attach(self) -> bool:
+        """Stamp module calls as torch record functions from now on (torch's profiler has just
+        started on this thread); False if this torch has no fast record function."""
+        rf = getattr(require_torch()._C._profiler, "_RecordFunctionFast", None)
+        if rf is None:
+            return False
+        self._rf = rf
+        self.clock = "torch profiler events"
+        return True
+
+    def resume(self) -> None:
+        """Module calls on this thread that :meth:`detach` ended at the previous session's
+        stop go on with a new span each in this one (when attached)."""
+        rf = self._rf
+        if rf is None:
             return
-        self._count += 1
-        buf.append((start, end, path, kind, phase))
+        for item in getattr(self._local, "open", ()):
+            if item.__class__ is list and item[0] is None:
+                span = rf(item[1])
+                span.__enter__()
+                item[0] = span
+
+    def detach(self) -> None:
+        """Back to clock readings (torch's profiler is about to stop on this thread). Record
+        functions still open on this thread end now (a step marked inside a module call):
+        one left open across a restart of the profiler would be ended by the next session,
+        on the stopped session's freed event. Never raises."""
+        self._rf = None
+        for item in getattr(self._local, "open", ()):
+            if item.__class__ is list and item[0] is not None:
+                span, item[0] = item[0], None
+                with contextlib.suppress(Exception):
+                    span.__exit__(None, None, None)
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -117,14 +188,18 @@ class LayerSpans:
             name = path or root_name
             kind = type(module).__name__
 
-            def pre(_m: Any, _inp: Any, name: str = name, kind: str = kind) -> None:
-                self._enter(name, kind, "forward")
+            def pre(
+                _m: Any, _inp: Any, name: str = name, kind: str = kind,
+                mark: str = layer_mark(name, kind, "forward"),
+            ) -> None:  # fmt: skip
+                self._enter(name, kind, "forward", mark)
 
             def post(_m: Any, _inp: Any, _out: Any) -> None:
                 self._exit()
 
             self._handles.append(module.register_forward_pre_hook(pre))
-            self._handles.append(module.register_forward_hook(post))
+            # always_call: a forward that raises still ends its span (and its record function)
+            self._handles.append(module.register_forward_hook(post, always_call=True))
         if backward:
             self.backward = self._install_backward(model, torch, root_name)
         return self
@@ -141,8 +216,11 @@ class LayerSpans:
                 name = path or root_name
                 kind = type(module).__name__
 
-                def bpre(_m: Any, _g: Any, name: str = name, kind: str = kind) -> None:
-                    self._enter(name, kind, "backward")
+                def bpre(
+                    _m: Any, _g: Any, name: str = name, kind: str = kind,
+                    mark: str = layer_mark(name, kind, "backward"),
+                ) -> None:  # fmt: skip
+                    self._enter(name, kind, "backward", mark)
 
                 def bpost(_m: Any, _gi: Any, _go: Any) -> None:
                     self._exit()
@@ -204,7 +282,8 @@ class LayerSpans:
             self._converter.to_unix_ns(self._clock())
 
     def to_raw(self, base_ns: int = 0, index_start: int = 0) -> dict[str, Any]:
-        """Layer spans as raw ``X`` entries (category ``xpuprof_layer``)."""
+        """Layer spans timed by clock readings as raw ``X`` entries (category
+        ``xpuprof_layer``); those torch's profiler stamped are in its trace files already."""
         import pyarrow as pa
 
         from xpuprof.core.raw import RAW_SCHEMA
@@ -251,6 +330,10 @@ class TorchProfiler:
     Built on ``torch.autograd.profiler.profile`` rather than ``torch.profiler.profile``: the
     latter keeps itself alive in a reference cycle (its action map holds bound methods) and
     imports ``torch._inductor`` on start (1.3 s on the job's thread).
+
+    With ``layers`` (the capture's :class:`LayerSpans`), module calls are stamped by each
+    session itself (:meth:`LayerSpans.attach`) and each segment's file has its layer spans
+    written in (``layer_marks.marks_to_spans``) before the segment counts as written.
     """
 
     #: Most steps in one segment, however cheap the steps are to stop.
@@ -264,8 +347,13 @@ class TorchProfiler:
         profile_memory: bool = False,
         with_stack: bool = False,
         budget_ns: int | None = None,
+        layers: LayerSpans | None = None,
     ) -> None:
         self.workdir = Path(workdir)
+        self.layers = layers
+        #: Layer spans written into the segments' files, and markers that could not be.
+        self.layer_spans = 0
+        self.layer_marks_left = 0
         self.record_shapes = record_shapes
         self.profile_memory = profile_memory
         self.with_stack = with_stack
@@ -280,6 +368,7 @@ class TorchProfiler:
         self._span: Any = None
         self._device: str | None = None
         self._steps = 0  # steps begun in the open segment
+        self._marked = False  # the open segment stamps layer spans
         self._per_step_ns = 0  # the last segment's stop cost per step
 
     def start(self) -> str:
@@ -315,6 +404,8 @@ class TorchProfiler:
             self._span = record_function(f"ProfilerStep#{number}")
             self._span.__enter__()
             self._steps += 1
+        if self._marked and self.layers is not None:
+            self.layers.resume()  # module calls cut at a restart: within the new step's span
 
     def stop(self) -> list[Path]:
         """Stop recording and write the last segment; returns every segment's file."""
@@ -328,6 +419,8 @@ class TorchProfiler:
         self._span = None
         p, self._prof = self._prof, None
         if p is not None:
+            if self.layers is not None:
+                self.layers.detach()
             try:
                 p.__exit__(None, None, None)
             except Exception:  # noqa: BLE001 - it may never have started; nothing to keep
@@ -359,6 +452,7 @@ class TorchProfiler:
         spend_unknown_block_warning(spent)
         self._prof = p
         self._steps = 0
+        self._marked = self.layers is not None and self.layers.attach()
         _add_distributed_info()
 
     def _end(self, save: bool) -> None:
@@ -367,10 +461,16 @@ class TorchProfiler:
             return
         t0 = time.perf_counter_ns()
         try:
+            if self.layers is not None:
+                self.layers.detach()
             p.__exit__(None, None, None)
             if save:
                 path = self.workdir / f"segment{len(self.files):05d}.pt.trace.json"
                 p.export_chrome_trace(str(path))
+                if self._marked:
+                    spans, left = marks_to_spans(path)
+                    self.layer_spans += spans
+                    self.layer_marks_left += left
                 self.files.append(path)
         finally:
             p.kineto_results = None  # the segment's events: freed now, not at a later GC

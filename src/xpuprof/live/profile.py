@@ -227,8 +227,11 @@ class Profile:
             profile_memory=self.profile_memory,
             with_stack=self.with_stack,
             budget_ns=budget,
+            layers=self._layers,
         )
         self._settings["profiler"] = self._torch.start()
+        if self._layers is not None:
+            self._settings["layer_spans_clock"] = self._layers.clock
 
     def _start_jax(self) -> None:
         from xpuprof.capture.jax import start_jax
