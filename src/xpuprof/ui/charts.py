@@ -498,29 +498,19 @@ def bandwidth(res: Result) -> Figure | None:
 
 def lateness(res: Result) -> tuple[list[str], list[str], list[list[float | None]]]:
     """Participants (rows), matched collectives (columns) and each participant's lateness at
-    each (ms): its start shifted by its clock offset (``clock.offset_ns``) minus the
-    collective's earliest start (``skew.first_start``); a ``late_ns`` column of the
-    collectives table, when the tool gives one, is taken as it is."""
+    each (ms): the collectives table's ``late_ns`` (the comm tool's, on aligned clocks)."""
     skew = rows_of(res, "skew")
     if not skew:
         return [], [], []
     skew = skew[:MAX_BARS]
-    first = {(s.get("process_group"), s.get("seq")): stamp(s.get("first_start")) for s in skew}
-    offset = {c.get("participant"): stamp(c.get("offset_ns")) or 0 for c in rows_of(res, "clock")}
-    cols = list(first)
+    cols = [(s.get("process_group"), s.get("seq")) for s in skew]
     colx = {k: i for i, k in enumerate(cols)}
     late: dict[Any, list[float | None]] = {}
     for r in rows_of(res, "collectives"):
         key = (r.get("process_group"), r.get("seq"))
         if key not in colx:
             continue
-        if "late_ns" in r:
-            value = number(r["late_ns"])
-        else:
-            ts, f = stamp(r.get("ts")), first[key]
-            value = (
-                None if ts is None or f is None else ts - offset.get(r.get("participant"), 0) - f
-            )
+        value = number(r.get("late_ns"))
         p = r.get("participant")
         late.setdefault(p, [None] * len(cols))[colx[key]] = None if value is None else value / 1e6
     parts = sorted(late, key=lambda p: (len(str(p)), str(p)))
