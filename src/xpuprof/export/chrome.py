@@ -475,8 +475,10 @@ def export_chrome(
     if not to_dir and not out.parent.is_dir():
         raise XpuprofError(f"{out}: the folder {out.parent} does not exist")
     marks = Marks(trace, which) if which else None
-    step = 10 ** _id_digits(trace)
-    flow_base = (len(sources) + 1) * step  # overlay arrows: above every source's flow ids
+    # flow ids are shifted per part in a merged file, and overlay arrows go above them all;
+    # a plain export of one file or a folder needs neither (no read of the flows table)
+    step = 10 ** _id_digits(trace) if marks is not None or (len(sources) > 1 and not to_dir) else 1
+    flow_base = (len(sources) + 1) * step
     if to_dir:
         summary = _export_dir(trace, out, sources, marks, flow_base)
     else:
