@@ -45,7 +45,7 @@ _DEVICE_QUERY = (
     f"and dur is not null and level in {DEVICE_LEVELS} and correlation is not null "
     "order by t, id"
 )
-_SYNC_QUERY = (
+SYNC_QUERY = (
     "select part, name, device, stream, ts + dur as e, correlation, "
     "try_cast(args->>'wait_on_stream' as bigint) as wait_stream, "
     "try_cast(args->>'wait_on_cuda_event_record_corr_id' as bigint) as record_correlation "
@@ -78,13 +78,13 @@ def build_all(
     """The graph of each part in ``windows`` over host events starting in its window."""
     parts = [int(p) for p in windows]
     sql = ", ".join(map(str, parts)) or "null"
-    tables = [_by_part(_fetch(trace, q.replace("{parts}", sql)), parts)
-              for q in (_HOST_QUERY, _DEVICE_QUERY, _SYNC_QUERY)]  # fmt: skip
+    tables = [_by_part(fetch(trace, q.replace("{parts}", sql)), parts)
+              for q in (_HOST_QUERY, _DEVICE_QUERY, SYNC_QUERY)]  # fmt: skip
     return {p: build(p, ranks.get(p), w, *(t[p] for t in tables)) for p, w in windows.items()}
 
 
-def _fetch(trace: Trace, query: str) -> pd.DataFrame:
-    """``query``'s rows with plain numpy columns (integers -1 where missing, as :func:`_i64`
+def fetch(trace: Trace, query: str) -> pd.DataFrame:
+    """``query``'s rows with plain numpy columns (integers -1 where missing, as :func:`i64`
     reads them): through Arrow, not DuckDB's pandas conversion of nullable columns. Any
     DuckDB error is left to ``trace.sql`` to word."""
     import duckdb
@@ -127,8 +127,8 @@ def build(
         no = _no_nodes()
         return _assemble(part, rank, window, no, no, ((),) * 5, [note])
     notes: list[str] = []
-    call_of = _first_runtime_call(host)
-    work = _launched_work(device_df, host, call_of)
+    call_of = first_runtime_call(host)
+    work = launched_work(device_df, host, call_of)
     if work.empty:
         notes.append(f"part {part}: no device work linked to a launch: the graph is host-only")
     if sync_df.empty:
@@ -136,11 +136,11 @@ def build(
             f"part {part}: no cuda_sync events (PyTorch ≥ 2.1 records them): host "
             "waits on the device are invisible; GPU time may be under-counted"
         )
-    sync_df = sync_df.assign(call=_i64(sync_df.correlation.map(call_of)))
+    sync_df = sync_df.assign(call=i64(sync_df.correlation.map(call_of)))
     in_graph = work[work.in_graph].sort_values(["device", "stream", "t"], kind="stable")
-    recorded = _recorded_work(sync_df, work, host)
-    waits = _stream_wait_events(recorded, work, host)
-    syncs = _host_syncs(sync_df, recorded, in_graph, host)
+    recorded = recorded_work(sync_df, work, host)
+    waits = stream_wait_events(recorded, work, host)
+    syncs = host_syncs(sync_df, recorded, in_graph, host)
     host_nodes = _host_nodes(host)
     device_nodes = _device_nodes(in_graph, waits, len(host_nodes["time"]))
     cross = _cross_edges(host, host_nodes, device_nodes, syncs, notes)
@@ -151,15 +151,15 @@ def build(
 
 
 def _host_calls(h: pd.DataFrame, window: tuple[int, int]) -> HostCalls | None:
-    ids, ts, dur = _i64(h.id), _i64(h.ts), _i64(h.dur)
+    ids, ts, dur = i64(h.id), i64(h.ts), i64(h.dur)
     in_graph = h.is_op.to_numpy(bool) & (dur > 0) & (ts >= window[0]) & (ts <= window[1])
     if not in_graph.any():
         return None
     return HostCalls(
-        id=ids, pid=_i64(h.pid), tid=_i64(h.tid), ts=ts, end=ts + dur, depth=_i64(h.depth),
-        correlation=_i64(h.correlation), is_runtime=h.is_runtime.to_numpy(bool),
+        id=ids, pid=i64(h.pid), tid=i64(h.tid), ts=ts, end=ts + dur, depth=i64(h.depth),
+        correlation=i64(h.correlation), is_runtime=h.is_runtime.to_numpy(bool),
         is_record=h.is_record.to_numpy(bool), is_blocking=h.is_blocking.to_numpy(bool),
-        in_graph=in_graph, graph_parent=nearest_graph_ancestor(ids, _i64(h.parent), in_graph),
+        in_graph=in_graph, graph_parent=nearest_graph_ancestor(ids, i64(h.parent), in_graph),
     )  # fmt: skip
 
 
@@ -171,7 +171,7 @@ def nearest_graph_ancestor(ids: np.ndarray, parent: np.ndarray, in_graph: np.nda
     return walk_up(parent_row, np.arange(len(ids)), in_graph, strict=True)
 
 
-def _first_runtime_call(host: HostCalls) -> pd.Series:
+def first_runtime_call(host: HostCalls) -> pd.Series:
     """Correlation id -> row of the first runtime call (in id order) carrying it."""
     rows = np.flatnonzero(host.is_runtime & (host.correlation >= 0))
     return pd.Series(rows, index=host.correlation[rows]).groupby(level=0).first()
@@ -214,10 +214,10 @@ def _host_nodes(host: HostCalls) -> dict[str, np.ndarray]:
 # -- device work and synchronisation ------------------------------------------------------------
 
 
-def _launched_work(d: pd.DataFrame, host: HostCalls, call_of: pd.Series) -> pd.DataFrame:
+def launched_work(d: pd.DataFrame, host: HostCalls, call_of: pd.Series) -> pd.DataFrame:
     """Device work whose correlation id names a runtime call (``call``: its row), with the
     call's start and thread, whether that call is in the graph, and HTA's queue test."""
-    d = d.assign(call=_i64(d.correlation.map(call_of)))
+    d = d.assign(call=i64(d.correlation.map(call_of)))
     d = d[d.call >= 0].reset_index(drop=True)
     call = d.call.to_numpy()
     d = d.assign(row=np.arange(len(d)), call_ts=host.ts[call], pid=host.pid[call],
@@ -231,7 +231,7 @@ def _launched_work(d: pd.DataFrame, host: HostCalls, call_of: pd.Series) -> pd.D
     return d
 
 
-def _recorded_work(s: pd.DataFrame, work: pd.DataFrame, host: HostCalls) -> pd.DataFrame:
+def recorded_work(s: pd.DataFrame, work: pd.DataFrame, host: HostCalls) -> pd.DataFrame:
     """Event Sync and Stream Wait Event rows, with ``work``: the row of the in-graph work
     launched last onto ``wait_stream`` up to the ``cudaEventRecord`` they wait on."""
     rec = np.flatnonzero(host.is_record & (host.correlation >= 0))
@@ -245,20 +245,20 @@ def _recorded_work(s: pd.DataFrame, work: pd.DataFrame, host: HostCalls) -> pd.D
     return ev[ok].assign(work=k[ok])
 
 
-def _stream_wait_events(recorded: pd.DataFrame, work: pd.DataFrame, host: HostCalls) -> np.ndarray:
+def stream_wait_events(recorded: pd.DataFrame, work: pd.DataFrame, host: HostCalls) -> np.ndarray:
     """(recorded work row, waiting work row, cudaStreamWaitEvent id) per Stream Wait Event:
     the waiting work is the next launch by the waiting thread onto the waiting stream."""
     ww = recorded[recorded.name == "Stream Wait Event"]
     call = ww.call.to_numpy()
-    left = pd.DataFrame({"pid": host.pid[call], "tid": host.tid[call], "device": _i64(ww.device),
-                         "stream": _i64(ww.stream), "t": host.ts[call]})  # fmt: skip
+    left = pd.DataFrame({"pid": host.pid[call], "tid": host.tid[call], "device": i64(ww.device),
+                         "stream": i64(ww.stream), "t": host.ts[call]})  # fmt: skip
     launches = work[["pid", "tid", "device", "stream", "row"]].assign(t=work.call_ts)
     nxt = _asof(left, launches, forward=True, exact=False)
     ok = np.r_[work.in_graph.to_numpy(bool), False][nxt]
     return np.c_[ww.work, nxt, host.id[call]][ok].astype(np.int64)
 
 
-def _host_syncs(
+def host_syncs(
     s: pd.DataFrame, recorded: pd.DataFrame, in_graph: pd.DataFrame, host: HostCalls
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(awaited work row, waiting call row, edge kind) of the sync edges into host calls:
@@ -285,8 +285,8 @@ def _device_nodes(d: pd.DataFrame, waits: np.ndarray, first_node: int) -> dict[s
     start), numbered from ``first_node``; HTA's choice for each start: a launch edge (idle
     stream, empty queue, awaited work done before the launch), else a kernel gap edge from the
     previous work on the stream (if an awaited kernel did not end after that), else neither."""
-    start, end, ids, dur = _i64(d.t), _i64(d.t + d.dur), _i64(d.id), _i64(d.dur)
-    stream_key = _i64(d.device) * (1 << 40) + _i64(d.stream) % (1 << 40)
+    start, end, ids, dur = i64(d.t), i64(d.t + d.dur), i64(d.id), i64(d.dur)
+    stream_key = i64(d.device) * (1 << 40) + i64(d.stream) % (1 << 40)
     same = np.zeros(len(d), bool)  # on the same stream as the previous work
     same[1:] = stream_key[1:] == stream_key[:-1]
     prev_end = np.where(same, np.r_[0, end][: len(d)], -1)
@@ -315,7 +315,7 @@ def _device_nodes(d: pd.DataFrame, waits: np.ndarray, first_node: int) -> dict[s
         "weight": np.c_[np.where(queued, np.maximum(start - prev_end, 0), 0), dur].ravel(),
         "charged": np.c_[np.r_[-1, ids][: len(d)], ids].ravel(),
         "pid": np.full(2 * len(d), -1), "tid": np.full(2 * len(d), -1),
-        "device": np.repeat(_i64(d.device), 2), "stream": np.repeat(_i64(d.stream), 2),
+        "device": np.repeat(i64(d.device), 2), "stream": np.repeat(i64(d.stream), 2),
         "launch": np.flatnonzero(launch), "call": d.call.to_numpy(), "call_ts": call_ts,
         "start": start, "node": node, "awaited": awaited, "wait_call": wait_call,
         "index_of": index_of,
@@ -404,7 +404,7 @@ def _no_nodes() -> dict[str, np.ndarray]:
     return {f: np.empty(0, np.int64) for f in _NODE_FIELDS}
 
 
-def _i64(s: pd.Series | np.ndarray) -> np.ndarray:
+def i64(s: pd.Series | np.ndarray) -> np.ndarray:
     """int64 values, -1 for missing ones."""
     return pd.Series(s).fillna(-1).to_numpy(np.int64)
 

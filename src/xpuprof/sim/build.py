@@ -1,0 +1,330 @@
+"""Building a :class:`~xpuprof.sim.graph.ReplayGraph` from the store: four scans (host
+events, device work, ``cuda_sync`` events, ``fwdbwd`` flows) for all parts, then numpy per
+part; the synchronisation rules are the critical-path graph's (``trace/graph_build.py``
+helpers); collectives across parts are matched in ``sim/collectives.py``. The edge kinds and
+delays are defined in ``sim/graph.py`` and ``docs/replay.md``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from xpuprof.core.names import DEVICE_LEVELS
+from xpuprof.sim.collectives import add_collectives
+from xpuprof.sim.graph import (
+    DEVICE,
+    DEVICE_COMMUNICATION,
+    DEVICE_END,
+    DEVICE_START,
+    DEVICE_WORK,
+    FWDBWD,
+    HOST,
+    HOST_END,
+    HOST_GAP,
+    HOST_START,
+    HOST_WORK,
+    LAUNCH,
+    STREAM_ORDER,
+    STREAM_WAIT_EVENT,
+    SYNC,
+    Builder,
+    ReplayGraph,
+)
+from xpuprof.trace import graph_build as gb
+from xpuprof.trace.graph import WHOLE_TRACE
+
+if TYPE_CHECKING:
+    from xpuprof.trace.trace import Trace
+
+_HOST_LEVELS = ("step", "op", "runtime")
+_HOST_SQL = (
+    "select part, id, pid, tid, ts, dur, depth, correlation, level, "
+    "level = 'runtime' as is_runtime, level in ('op', 'runtime') as is_op, "
+    "coalesce(name = 'cudaEventRecord', false) as is_record, "
+    f"coalesce(name in {gb.BLOCKING_CALLS}, false) as is_blocking, "
+    "coalesce(contains(name, 'Synchronize'), false) as is_synchronize, "
+    "coalesce(contains(lower(name), 'memcpy'), false) as is_copy_call "
+    "from events where part in ({parts}) and device < 0 and dur is not null and dur >= 0 "
+    f"and level in {_HOST_LEVELS} order by id"
+)
+_DEVICE_SQL = (
+    "select part, id, device, stream, ts as t, dur, correlation, level, "
+    "level = 'collective' or coalesce(contains(lower(name), 'nccl') "
+    "or contains(lower(name), 'rccl'), false) as comm "
+    f"from events where part in ({{parts}}) and dur is not null and level in {DEVICE_LEVELS} "
+    "order by part, device, stream, t, id"
+)
+_FWDBWD_SQL = (
+    "select s.part, s.event as src, f.event as dst from flows s join flows f "
+    "on s.part = f.part and s.flow_id = f.flow_id and s.category = f.category "
+    "where s.part in ({parts}) and lower(s.category) = 'fwdbwd' and s.phase = 's' "
+    "and f.phase = 'f' and s.event is not null and f.event is not null"
+)
+
+
+def build(
+    trace: Trace,
+    parts: list[int] | None = None,
+    windows: dict[int, tuple[int, int]] | None = None,
+) -> ReplayGraph:
+    """The replay graph of ``parts`` (default: all) over host events starting in each part's
+    window (inclusive ns, the part's own clock; absent: all) and the device work they launched
+    (device work without a launch: starting in the window): ``graph.replay_graph``."""
+    ranks = {int(s["part"]): s.get("rank") for s in trace.sources}
+    parts = sorted(ranks) if parts is None else sorted(int(p) for p in parts)
+    windows = windows or {}
+    sql = ", ".join(map(str, parts)) or "null"
+    host_all = gb.fetch(trace, _HOST_SQL.replace("{parts}", sql))
+    dev_all = gb.fetch(trace, _DEVICE_SQL.replace("{parts}", sql))
+    sync_all = gb.fetch(trace, gb.SYNC_QUERY.replace("{parts}", sql))
+    fb_all = gb.fetch(trace, _FWDBWD_SQL.replace("{parts}", sql))
+    b = Builder()
+    for p in parts:
+        _add_part(b, p, _rows(host_all, p), _rows(dev_all, p), _rows(sync_all, p),
+                  _rows(fb_all, p), windows.get(p, WHOLE_TRACE))  # fmt: skip
+    offsets = add_collectives(b, trace, parts)
+    return b.finish(tuple(parts), {p: ranks.get(p) for p in parts}, offsets)
+
+
+def _rows(df: pd.DataFrame, part: int) -> pd.DataFrame:
+    if df.empty:
+        return df
+    return df[df["part"].to_numpy() == part].reset_index(drop=True)
+
+
+# -- one part ------------------------------------------------------------------------------------
+
+
+def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.DataFrame,
+              fb: pd.DataFrame, window: tuple[int, int]) -> None:  # fmt: skip
+    lo, hi = window
+    if h.empty and d.empty:
+        b.notes.append(f"part {part}: no host or device events to replay")
+        return
+    ts, dur = gb.i64(h.ts), gb.i64(h.dur)
+    in_win = (ts >= lo) & (ts <= hi)
+    ids = gb.i64(h.id)
+    host = gb.HostCalls(
+        id=ids, pid=gb.i64(h.pid), tid=gb.i64(h.tid), ts=ts, end=ts + dur,
+        depth=gb.i64(h.depth), correlation=gb.i64(h.correlation),
+        is_runtime=h.is_runtime.to_numpy(bool), is_record=h.is_record.to_numpy(bool),
+        is_blocking=h.is_blocking.to_numpy(bool), in_graph=in_win,
+        graph_parent=np.full(len(h), -1),
+    )  # fmt: skip
+    # host nodes: start and end of each in-window host event, thread by thread
+    rows = np.flatnonzero(in_win)
+    hs = _host_nodes(b, part, host, rows)
+    # device work: launched by an in-window call, or (no launch) starting in the window
+    call_of = gb.first_runtime_call(host) if len(h) else pd.Series(dtype=np.int64)
+    call = gb.i64(d.correlation.map(call_of)) if len(d) else np.empty(0, np.int64)
+    t = gb.i64(d.t) if len(d) else np.empty(0, np.int64)
+    keep = np.where(call >= 0, in_win[np.maximum(call, 0)] if len(h) else False,
+                    (t >= lo) & (t <= hi))  # fmt: skip
+    d = d[keep].reset_index(drop=True)
+    call = call[keep]
+    if d.empty:
+        b.notes.append(f"part {part}: no device events: the host side is replayed alone")
+    ds = _device_nodes(b, part, d)
+    launched = np.flatnonzero(call >= 0)
+    l_src = hs["start"][call[launched]]
+    l_dst = ds["start"][launched]
+    work = gb.launched_work(d, host, call_of) if len(launched) else pd.DataFrame()
+    sync_src, sync_dst, sw_src, sw_dst = _syncs(b, part, h, s, host, call_of, work,
+                                                ds["start"][launched], hs)  # fmt: skip
+    f_src, f_dst = _fwdbwd(fb, ids, hs)
+    # typical delays of this part (medians of clean observations)
+    typ = _typical(b, part, work, d, ds, launched, sync_src, sync_dst)
+    b.add_edges(l_src, l_dst, LAUNCH, typ["launch_ns"], False)
+    b.add_edges(sync_src, sync_dst, SYNC, typ["wake_ns"], False)
+    b.add_edges(sw_src, sw_dst, STREAM_WAIT_EVENT, 0, False)
+    b.add_edges(f_src, f_dst, FWDBWD, 0, False)
+    b.add_edges(ds["gap_src"], ds["gap_dst"], STREAM_ORDER, typ["queue_gap_ns"], True)
+    long = np.flatnonzero(call < 0)
+    if len(long) and len(launched):
+        b.notes.append(f"part {part}: {len(long)} device events have no launch in the trace: "
+                       "they follow their stream's order only")  # fmt: skip
+    comm = d.comm.to_numpy(bool) if len(d) else np.empty(0, bool)
+    b.coll_nodes[part] = pd.DataFrame(
+        {
+            "id": gb.i64(d.id)[comm] if len(d) else [],
+            "start": ds["start"][comm],
+            "dur": ds["dur"][comm],
+        }
+    )
+
+
+def _host_nodes(b: Builder, part: int, host: gb.HostCalls, rows: np.ndarray) -> dict:
+    """Start and end nodes of the host events ``rows``, thread by thread in time order (at
+    equal times ends first, inner ends before outer ones, outer starts before inner ones)."""
+    start_of = np.full(len(host.id), -1, np.int64)
+    end_of = np.full(len(host.id), -1, np.int64)
+    if not len(rows):
+        return {"start": start_of, "end": end_of}
+    pid, tid, depth = (np.tile(a[rows], 2) for a in (host.pid, host.tid, host.depth))
+    is_start = np.repeat([True, False], len(rows))
+    time = np.r_[host.ts[rows], host.end[rows]]
+    row = np.r_[rows, rows]
+    o = np.lexsort((np.where(is_start, depth, -depth), is_start, time, tid, pid))
+    time, is_start, row, pid, tid = time[o], is_start[o], row[o], pid[o], tid[o]
+    first = np.r_[True, (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])]
+    base = b.add_nodes(host.id[row], np.where(is_start, HOST_START, HOST_END), part, time, first,
+                       {"kind": np.full(len(time), HOST), "part": np.full(len(time), part),
+                        "pid": pid, "tid": tid, "device": np.full(len(time), -1),
+                        "stream": np.full(len(time), -1)})  # fmt: skip
+    node = base + np.arange(len(time))
+    start_of[row[is_start]] = node[is_start]
+    end_of[row[~is_start]] = node[~is_start]
+    # how many events are open before each point (per thread): a start with none is top-level
+    step = np.where(is_start, 1, -1)
+    open_after = np.cumsum(step)
+    tl_base = np.maximum.accumulate(np.where(first, np.r_[0, open_after[:-1]], 0))
+    open_before = open_after - step - tl_base
+    kind = np.where(is_start & (open_before <= 0), HOST_GAP, HOST_WORK)
+    inner = ~first
+    b.add_edges(node[inner] - 1, node[inner], kind[inner], 0, True)
+    return {"start": start_of, "end": end_of}
+
+
+def _device_nodes(b: Builder, part: int, d: pd.DataFrame) -> dict:
+    """Start and end nodes of the device work ``d`` (sorted by device, stream, start)."""
+    k = len(d)
+    if not k:
+        e = np.empty(0, np.int64)
+        return {"start": e, "dur": e, "gap_src": e, "gap_dst": e, "prev_end": e}
+    start, dur = gb.i64(d.t), np.maximum(gb.i64(d.dur), 0)
+    dev, stream = gb.i64(d.device), gb.i64(d.stream)
+    new = np.r_[True, (dev[1:] != dev[:-1]) | (stream[1:] != stream[:-1])]
+    time = np.c_[start, start + dur].ravel()
+    first = np.c_[new, np.zeros(k, bool)].ravel()
+    kinds = np.tile([DEVICE_START, DEVICE_END], k)
+    base = b.add_nodes(np.repeat(gb.i64(d.id), 2), kinds, part, time, first,
+                       {"kind": np.full(2 * k, DEVICE), "part": np.full(2 * k, part),
+                        "pid": np.full(2 * k, -1), "tid": np.full(2 * k, -1),
+                        "device": np.repeat(dev, 2), "stream": np.repeat(stream, 2)})  # fmt: skip
+    s_node = base + 2 * np.arange(k)
+    comm = d.comm.to_numpy(bool)
+    b.add_edges(s_node, s_node + 1, np.where(comm, DEVICE_COMMUNICATION, DEVICE_WORK), dur, True)
+    follow = np.flatnonzero(~new)
+    prev_end = np.full(k, np.iinfo(np.int64).min)
+    prev_end[follow] = (start + dur)[follow - 1]
+    return {
+        "start": s_node,
+        "dur": dur,
+        "gap_src": s_node[follow] - 1,
+        "gap_dst": s_node[follow],
+        "prev_end": prev_end,
+    }
+
+
+def _inferred_syncs(host: gb.HostCalls, h: pd.DataFrame, dl: pd.DataFrame,
+                    node_of_work: np.ndarray, hs: dict) -> tuple:  # fmt: skip
+    """Without ``cuda_sync`` events: per ``*Synchronize`` call, the work launched by its
+    process before the call started that ends last before the call ends (it ended inside the
+    call: the call waited for it; before: the call did not wait, but would have, had the work
+    run longer). Unknown: nothing was launched before the call."""
+    calls = np.flatnonzero(h.is_synchronize.to_numpy(bool) & host.in_graph)
+    if not len(calls) or dl.empty:
+        return np.empty(0, np.int64), np.empty(0, np.int64), host.id[calls]
+    w_end = gb.i64(dl.t) + gb.i64(dl.dur)
+    w_call_ts = host.ts[dl.call]
+    w_pid = host.pid[dl.call]
+    order = np.argsort(w_end, kind="stable")
+    src, dst, unknown = [], [], []
+    e_sorted = w_end[order]
+    for c in calls.tolist():
+        hi_i = np.searchsorted(e_sorted, host.end[c], "right")
+        cand = order[:hi_i]
+        cand = cand[(w_call_ts[cand] < host.ts[c]) & (w_pid[cand] == host.pid[c])]
+        if len(cand):
+            src.append(node_of_work[cand[-1]] + 1)
+            dst.append(hs["end"][c])
+        else:
+            unknown.append(host.id[c])
+    return np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(unknown, np.int64)
+
+
+def _typical(b: Builder, part: int, work: pd.DataFrame, d: pd.DataFrame, ds: dict,
+             launched: np.ndarray, sync_src: np.ndarray, sync_dst: np.ndarray) -> dict:  # fmt: skip
+    """Per-part medians of clean observations: launch latency of work launched onto an empty
+    queue of an idle stream; gap between work and the work queued behind it; wake-up of a host
+    call after the work it waited for (work end to call end, of calls that waited)."""
+    launch = gap = 0
+    if len(work):
+        t = gb.i64(work.t)
+        call_ts = work.call_ts.to_numpy()
+        pe = ds["prev_end"][launched]
+        idle = work.onto_empty_queue.to_numpy(bool) & (pe < call_ts)
+        if idle.any():
+            launch = int(np.median(np.maximum(t[idle] - call_ts[idle], 0)))
+        queued = (pe > call_ts) & (pe > np.iinfo(np.int64).min)
+        if queued.any():
+            gap = int(np.median(np.maximum(t[queued] - pe[queued], 0)))
+    wake = 0
+    if len(sync_src):
+        times = np.concatenate([x["time"] for x in b.node_parts])  # by node number so far
+        # only calls that waited (the work ended after the point before the call's end) say
+        # how long waking up takes; the others say how late the host came
+        waited = times[sync_src] > times[sync_dst - 1]
+        w = (times[sync_dst] - times[sync_src])[waited]
+        if (w >= 0).any():
+            wake = int(np.median(w[w >= 0]))
+    row = {"part": part, "launch_ns": launch, "queue_gap_ns": gap, "wake_ns": wake}
+    b.typical.append(row)
+    return row
+
+
+def _syncs(
+    b: Builder, part: int, h: pd.DataFrame, s: pd.DataFrame, host: gb.HostCalls,
+    call_of: pd.Series, work: pd.DataFrame, node_of_work: np.ndarray, hs: dict,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """(sync src, sync dst, stream-wait src, stream-wait dst) node numbers: ``cuda_sync``
+    events by the critical-path graph's rules, copies that end inside the call that issued
+    them, and (without ``cuda_sync`` events) inferred ``*Synchronize`` waits. ``work``: the
+    launched work (rows in order of ``node_of_work``, their start nodes)."""
+    e = np.empty(0, np.int64)
+    if work.empty:
+        return e, e, e, e
+    sync_src, sync_dst, sw_src, sw_dst = e, e, e, e
+    if len(s):
+        s = s.assign(call=gb.i64(s.correlation.map(call_of)))
+        recorded = gb.recorded_work(s, work, host)
+        waits = gb.stream_wait_events(recorded, work, host)
+        if len(waits):
+            sw_src, sw_dst = node_of_work[waits[:, 0]] + 1, node_of_work[waits[:, 1]]
+        in_graph = work.sort_values(["device", "stream", "t"], kind="stable")
+        awaited, waiting, _kind = gb.host_syncs(s, recorded, in_graph, host)
+        sync_src, sync_dst = node_of_work[awaited] + 1, hs["end"][waiting]
+    # a copy that ends inside the call that issued it: the host waited for it
+    call = work.call.to_numpy()
+    is_copy = (work.level.to_numpy(object) == "memcpy") & h.is_copy_call.to_numpy(bool)[call]
+    w_end = gb.i64(work.t) + gb.i64(work.dur)
+    sync_copy = is_copy & (w_end <= host.end[call]) & (w_end > host.ts[call])
+    sync_src = np.r_[sync_src, node_of_work[sync_copy] + 1]
+    sync_dst = np.r_[sync_dst, hs["end"][call[sync_copy]]]
+    if s.empty:
+        src2, dst2, unknown = _inferred_syncs(host, h, work, node_of_work, hs)
+        sync_src, sync_dst = np.r_[sync_src, src2], np.r_[sync_dst, dst2]
+        if len(src2):
+            b.notes.append(f"part {part}: no cuda_sync events: the waits of {len(src2)} "
+                           "*Synchronize calls are inferred (each waits for the work launched "
+                           "before it that ends last)")  # fmt: skip
+        b.unmodel(part, "sync", unknown, "a *Synchronize call with no cuda_sync event and no "
+                  "work launched before it: what it waits for is unknown")  # fmt: skip
+    keep = (sync_src >= 0) & (sync_dst >= 0)
+    return sync_src[keep], sync_dst[keep], sw_src, sw_dst
+
+
+def _fwdbwd(fb: pd.DataFrame, ids: np.ndarray, hs: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(forward op end node, backward op start node) per ``fwdbwd`` flow whose two ops are
+    both replayed."""
+    e = np.empty(0, np.int64)
+    if fb.empty:
+        return e, e
+    pos = pd.Series(np.arange(len(ids)), index=ids)
+    a, z = gb.i64(fb.src.map(pos)), gb.i64(fb.dst.map(pos))
+    ok = (a >= 0) & (z >= 0)
+    a, z = a[ok], z[ok]
+    ok = (hs["end"][a] >= 0) & (hs["start"][z] >= 0) & (a != z)
+    return hs["end"][a[ok]], hs["start"][z[ok]]

@@ -1,0 +1,345 @@
+"""Replay a trace: build its replay graph, schedule it with a cost model, and compare the
+simulated timeline with the measured one (``docs/replay.md``).
+
+Step time, measured: the duration of the profiler step span (``ProfilerStep#N``, the host
+span that torch.profiler and HTA call a step); simulated: the time between the simulated start
+and end of that span. Span: first start to last end of everything replayed on a rank.
+Error: (simulated − measured) / measured, in percent. Deviations: the replayed events whose
+simulated start is furthest from their measured start (aligned clocks), with the input that set
+their simulated start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from xpuprof.core.result import Presentation, Result
+from xpuprof.sim import engine
+from xpuprof.sim.costs import CostModel, resolve
+from xpuprof.sim.graph import (
+    DEVICE_END,
+    DEVICE_START,
+    EDGE_KINDS,
+    EDGE_MEANING,
+    HOST_END,
+    HOST_START,
+    ReplayGraph,
+    replay_graph,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from xpuprof.analysis.common import StepSelection
+    from xpuprof.trace.trace import Trace
+
+STEP_COLUMNS = ["rank", "part", "step", "name", "measured_ns", "simulated_ns", "error_pct"]
+SUMMARY_COLUMNS = ["rank", "part", "steps", "measured_ns", "simulated_ns", "error_pct",
+                   "span_measured_ns", "span_simulated_ns", "span_error_pct"]  # fmt: skip
+DEVIATION_COLUMNS = ["rank", "part", "event", "name", "level", "measured_start",
+                     "simulated_start", "deviation_ns", "cause"]  # fmt: skip
+UNMODELLED_COLUMNS = ["rank", "part", "what", "event", "name", "reason"]
+EVENT_COLUMNS = ["id", "part", "rank", "pid", "tid", "device", "stream", "level", "category",
+                 "name", "ts", "dur", "sim_ts", "sim_dur"]  # fmt: skip
+
+
+@dataclass
+class Replay:
+    """A replayed trace: the graph, the schedule and the comparison tables (module docstring).
+    ``time``: simulated time of each graph node, on its part's own clock (ns)."""
+
+    trace: Trace = field(repr=False)
+    graph: ReplayGraph
+    time: np.ndarray
+    steps: pd.DataFrame
+    summary: pd.DataFrame
+    edges: pd.DataFrame
+    unmodelled: pd.DataFrame
+    deviations: pd.DataFrame
+    notes: list[str]
+
+    def events(self) -> pd.DataFrame:
+        """One row per replayed event: where it ran, its measured ``ts``/``dur`` and its
+        simulated ``sim_ts``/``sim_dur`` (ns, the part's own clock)."""
+        nodes = self.graph.nodes
+        real = nodes.event >= 0
+        is_start = np.isin(nodes.kind, (HOST_START, DEVICE_START)) & real
+        is_end = np.isin(nodes.kind, (HOST_END, DEVICE_END)) & real
+        s = pd.DataFrame({"id": nodes.event[is_start], "ts": nodes.time[is_start],
+                          "sim_ts": self.time[is_start]})  # fmt: skip
+        e = pd.DataFrame({"id": nodes.event[is_end], "end": nodes.time[is_end],
+                          "sim_end": self.time[is_end]})  # fmt: skip
+        df = s.merge(e, on="id", how="inner")
+        df["dur"] = df["end"] - df["ts"]
+        df["sim_dur"] = df["sim_end"] - df["sim_ts"]
+        info = _event_info(self.trace, df["id"].to_numpy())
+        df = df.merge(info, on="id", how="left")
+        return (
+            df[EVENT_COLUMNS]
+            .sort_values(["part", "ts", "id"], kind="stable")
+            .reset_index(drop=True)
+        )
+
+    def result(self) -> Result:
+        """The tables as a tool's :class:`Result` (``xpuprof replay``)."""
+        err = self.steps["error_pct"] if len(self.steps) else self.summary["span_error_pct"]
+        err = pd.to_numeric(err, errors="coerce").abs().dropna()
+        facts: dict[str, Any] = {
+            "nodes": len(self.graph.nodes), "edges": len(self.graph.edges),
+            "median_error_pct": round(float(err.median()), 3) if len(err) else None,
+            "worst_error_pct": round(float(err.max()), 3) if len(err) else None,
+            "error_of": "steps" if len(self.steps) else "span",
+        }  # fmt: skip
+        if len(err):
+            facts["headline"] = (
+                f"Replay reproduces the measured {facts['error_of']} within "
+                f"{facts['median_error_pct']:.2f} % (median), {facts['worst_error_pct']:.2f} % "
+                f"(worst) over {len(err)} {facts['error_of'] if len(err) != 1 else 'one'}; "
+                f"{facts['nodes']:,} nodes, {facts['edges']:,} edges"
+            )
+        return Result(
+            tables={"summary": self.summary, "steps": self.steps, "edges": self.edges,
+                    "unmodelled": self.unmodelled, "deviations": self.deviations},
+            notes=list(self.notes), facts=facts,
+            present={
+                "summary": Presentation(title="simulated vs measured, per rank", all_rows=True,
+                                        units=(("measured_ns", "ns"), ("simulated_ns", "ns"),
+                                               ("error_pct", "%"), ("span_measured_ns", "ns"),
+                                               ("span_simulated_ns", "ns"),
+                                               ("span_error_pct", "%"))),
+                "steps": Presentation(title="simulated vs measured, per step",
+                                      units=(("measured_ns", "ns"), ("simulated_ns", "ns"),
+                                             ("error_pct", "%"))),
+                "edges": Presentation(title="replay graph: edges per kind", all_rows=True),
+                "unmodelled": Presentation(title="what could not be modelled"),
+                "deviations": Presentation(title="largest start-time deviations",
+                                           units=(("measured_start", "ts"),
+                                                  ("simulated_start", "ts"),
+                                                  ("deviation_ns", "ns"))),
+            },
+        )  # fmt: skip
+
+
+def replay(
+    trace: Trace,
+    *,
+    ranks: Iterable[int] | None = None,
+    steps: StepSelection = None,
+    costs: str | CostModel = "measured",
+    top: int = 20,
+) -> Replay:
+    """Replay ``trace`` (the ranks and steps selected; default all) with a cost model
+    (``"measured"``: the identity replay) and compare it with what was measured."""
+    parts = _parts(trace, ranks)
+    windows = _windows(trace, parts, steps)
+    key = ("sim.replay_graph", tuple(parts), tuple(sorted(windows.items())))
+    if key not in trace.memo:
+        trace.memo[key] = replay_graph(trace, parts, windows)
+    graph: ReplayGraph = trace.memo[key]
+    delays = np.asarray(resolve(costs).delays(graph), np.int64)
+    sched = run(graph, delays)
+    return _compare(trace, graph, sched, top)
+
+
+def run(graph: ReplayGraph, delays: np.ndarray | None = None,
+        keep: np.ndarray | None = None) -> engine.Schedule:  # fmt: skip
+    """Schedule ``graph`` with ``delays`` (default: its own) using only the edges ``keep``
+    (a boolean mask; default all). Times on the aligned clock."""
+    e = graph.edges
+    d = e.delay if delays is None else np.asarray(delays, np.int64)
+    keep = np.ones(len(e), bool) if keep is None else np.asarray(keep, bool)
+    n = len(graph.nodes)
+    chain = np.zeros(n, np.int64)
+    along = e.timeline & keep
+    chain[e.dst[along]] = d[along]
+    cross = ~e.timeline & keep
+    return engine.simulate(n, graph.timelines.first, chain, graph.aligned, e.src[cross],
+                           e.dst[cross], d[cross])  # fmt: skip
+
+
+def _parts(trace: Trace, ranks: Iterable[int] | None) -> list[int]:
+    from xpuprof.core.errors import XpuprofError
+
+    parts = [(int(s["part"]), s.get("rank")) for s in trace.sources]
+    if ranks is None:
+        return [p for p, _ in parts]
+    want = {int(r) for r in ranks}
+    out = [p for p, r in parts if r is not None and int(r) in want]
+    if not out:
+        have = sorted({r for _, r in parts if r is not None})
+        raise XpuprofError(f"no rank {sorted(want)} in the store (ranks: {have or 'none'})")
+    return out
+
+
+def _windows(trace: Trace, parts: list[int], steps: StepSelection) -> dict[int, tuple[int, int]]:
+    """Per part, the window of host start times of the selected steps (none: no window)."""
+    from xpuprof.analysis.common import step_mode
+
+    mode, numbers = step_mode(steps)
+    if mode == "all":
+        return {}
+    df = trace.sql(
+        "select part, step, ts, ts + dur as e from events where level = 'step' and part in "
+        f"({', '.join(map(str, parts)) or 'null'}) order by part, ts"
+    )
+    out: dict[int, tuple[int, int]] = {}
+    for p, g in df.groupby("part"):
+        if mode == "list":
+            g = g[g["step"].isin(numbers or [])]
+        elif len(g) >= 2:
+            g = g.iloc[:-1]
+        if len(g):
+            out[int(p)] = (int(g["ts"].min()), int(g["e"].max()))
+        else:
+            out[int(p)] = (1, 0)  # an empty window
+    return out
+
+
+def _event_info(trace: Trace, ids: np.ndarray) -> pd.DataFrame:
+    """Names and places of the events ``ids`` (one join in DuckDB)."""
+    import pyarrow as pa
+
+    con = trace.con
+    con.register("_xp_replay_ids", pa.table({"id": pa.array(ids, pa.int64())}))
+    try:
+        return trace.sql(
+            "select e.id, e.part, e.rank, e.pid, e.tid, e.device, e.stream, e.level, "
+            "e.category, e.name from events e join _xp_replay_ids i on e.id = i.id"
+        )
+    finally:
+        con.unregister("_xp_replay_ids")
+
+
+def _compare(trace: Trace, g: ReplayGraph, sched: engine.Schedule, top: int) -> Replay:
+    nodes = g.nodes
+    aligned = g.aligned
+    off = nodes.time - aligned
+    time = sched.time + off  # back on each part's own clock
+    notes = list(g.notes)
+    # steps: step spans replayed (their start and end nodes)
+    step_ids = trace.sql(
+        "select id, part, rank, step, name, dur from events where level = 'step' and part in "
+        f"({', '.join(map(str, g.parts)) or 'null'})"
+    )
+    is_start = nodes.kind == HOST_START
+    is_end = nodes.kind == HOST_END
+    s_node = pd.Series(np.flatnonzero(is_start), index=nodes.event[is_start])
+    e_node = pd.Series(np.flatnonzero(is_end), index=nodes.event[is_end])
+    st = step_ids[step_ids["id"].isin(s_node.index)].copy()
+    sn, en = s_node.reindex(st["id"]).to_numpy(), e_node.reindex(st["id"]).to_numpy()
+    st["measured_ns"] = nodes.time[en] - nodes.time[sn]
+    st["simulated_ns"] = sched.time[en] - sched.time[sn]
+    st["error_pct"] = _pct(st["simulated_ns"], st["measured_ns"])
+    steps = (
+        st.sort_values(["part", "step"]).reset_index(drop=True)[STEP_COLUMNS]
+        if len(st)
+        else pd.DataFrame(columns=STEP_COLUMNS)
+    )
+    # per part: steps and span
+    rows = []
+    for p in g.parts:
+        mine = nodes.part == p
+        if not mine.any():
+            continue
+        ps = steps[steps["part"] == p]
+        m_span = int(nodes.time[mine].max() - nodes.time[mine].min())
+        s_span = int(time[mine].max() - time[mine].min())
+        meas, sim = int(ps["measured_ns"].sum()), int(ps["simulated_ns"].sum())
+        rows.append({"rank": g.ranks.get(p), "part": p, "steps": len(ps),
+                     "measured_ns": meas if len(ps) else None,
+                     "simulated_ns": sim if len(ps) else None,
+                     "error_pct": _pct1(sim, meas) if len(ps) else None,
+                     "span_measured_ns": m_span, "span_simulated_ns": s_span,
+                     "span_error_pct": _pct1(s_span, m_span)})  # fmt: skip
+    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    if len(summary):
+        summary["rank"] = summary["rank"].astype("Int64")
+    if not len(steps) and len(summary):
+        notes.append("no profiler steps in the replayed window: errors are of each rank's span "
+                     "(first start to last end)")  # fmt: skip
+    counts = g.edge_counts()
+    edges = pd.DataFrame({"kind": list(EDGE_KINDS), "edges": [counts[k] for k in EDGE_KINDS],
+                          "meaning": [EDGE_MEANING[k] for k in EDGE_KINDS]})  # fmt: skip
+    unmodelled = _unmodelled(trace, g)
+    for cycle in sched.cycles:
+        ev = sorted(
+            {
+                int(x)
+                for e in cycle
+                for x in (nodes.event[_cross(g)[0][e]], nodes.event[_cross(g)[1][e]])
+                if x >= 0
+            }
+        )
+        notes.append("a cycle in the recorded dependencies was cut (its cross edges left out): "
+                     f"events {', '.join(map(str, ev[:20]))}")  # fmt: skip
+    deviations = _deviations(trace, g, sched, aligned, top)
+    return Replay(trace=trace, graph=g, time=time, steps=steps, summary=summary, edges=edges,
+                  unmodelled=unmodelled, deviations=deviations, notes=notes)  # fmt: skip
+
+
+def _cross(g: ReplayGraph) -> tuple[np.ndarray, np.ndarray]:
+    c = ~g.edges.timeline
+    return g.edges.src[c], g.edges.dst[c]
+
+
+def _pct(a: pd.Series, b: pd.Series) -> pd.Series:
+    b = b.astype(float)
+    return (100.0 * (a.astype(float) - b) / b.where(b > 0)).round(4)
+
+
+def _pct1(a: int, b: int) -> float | None:
+    return round(100.0 * (a - b) / b, 4) if b > 0 else None
+
+
+def _unmodelled(trace: Trace, g: ReplayGraph) -> pd.DataFrame:
+    u = g.unmodelled
+    if u.empty:
+        return pd.DataFrame(columns=UNMODELLED_COLUMNS)
+    names = _event_info(trace, u["event"].to_numpy())[["id", "name"]]
+    u = u.merge(names, left_on="event", right_on="id", how="left")
+    u["rank"] = u["part"].map(g.ranks).astype("Int64")
+    return u[UNMODELLED_COLUMNS].reset_index(drop=True)
+
+
+def _deviations(trace: Trace, g: ReplayGraph, sched: engine.Schedule, aligned: np.ndarray,
+                top: int) -> pd.DataFrame:  # fmt: skip
+    nodes = g.nodes
+    starts = np.flatnonzero(np.isin(nodes.kind, (HOST_START, DEVICE_START)) & (nodes.event >= 0))
+    dev = sched.time[starts] - aligned[starts]
+    pick = starts[np.argsort(-np.abs(dev), kind="stable")[:top]]
+    pick = pick[sched.time[pick] != aligned[pick]]
+    if not len(pick):
+        return pd.DataFrame(columns=DEVIATION_COLUMNS)
+    src, dst = _cross(g)
+    kinds = g.edges.kind[~g.edges.timeline]
+    via = sched.via
+    # the input that set each start: walk to the anchor of its segment
+    cause = []
+    for v in pick.tolist():
+        a = v
+        while via[a] < 0 and a > 0 and nodes.timeline[a - 1] == nodes.timeline[a]:
+            a -= 1
+        e = via[a]
+        if e >= 0:
+            s = src[e]
+            who = "a rendezvous" if nodes.event[s] < 0 else f"event {int(nodes.event[s])}"
+            cause.append(f"{EDGE_KINDS[kinds[e]]} edge from {who}"
+                         + (f" (part {int(nodes.part[s])})" if nodes.part[s] != nodes.part[v]
+                            and nodes.part[s] >= 0 else ""))  # fmt: skip
+        else:
+            cause.append("its timeline (program order)")
+    info = _event_info(trace, nodes.event[pick]).set_index("id")
+    ev = nodes.event[pick]
+    return pd.DataFrame({
+        "rank": pd.array([g.ranks.get(int(p)) for p in nodes.part[pick]], dtype="Int64"),
+        "part": nodes.part[pick], "event": ev,
+        "name": info["name"].reindex(ev).to_numpy(object),
+        "level": info["level"].reindex(ev).to_numpy(object),
+        "measured_start": nodes.time[pick],
+        "simulated_start": sched.time[pick] + (nodes.time[pick] - aligned[pick]),
+        "deviation_ns": sched.time[pick] - aligned[pick], "cause": cause,
+    })  # fmt: skip
