@@ -313,3 +313,26 @@ def test_dlrm_eight_ranks_within_two_percent(tmp_path):
         ev = rp.events()
         coll = ev[ev["level"] == "collective"]
         assert (coll["sim_ts"] + coll["sim_dur"] != coll["ts"] + coll["dur"]).any()
+
+
+def test_a_step_window_replays_that_step_only(tmp_path):
+    """Two device-bound steps (0–50 and 60–110 µs, the second a copy of the first 60 µs
+    later); --steps 1 replays the second alone: 7 host events and 4 kernels, its first host
+    event starts where measured (60), its kernels are driven by their launches (66 …)."""
+    tb = TraceBuilder(rank=0)
+    for n, t0 in ((0, 0), (1, 60)):
+        tb.step(n, ts=t0, dur=50)
+        for i, (call, k) in enumerate(((1, 6), (3, 16), (5, 26), (7, 36))):
+            tb.launch(f"s{n}k{i}", ts=t0 + k, dur=10, launch_ts=t0 + call, launch_dur=1)
+        tb.runtime("cudaDeviceSynchronize", t0 + 9, 39)
+        tb.op("tail", t0 + 48, 2)
+    with tb.load(tmp_path) as t:
+        rp = replay(t, steps=[1])
+        ev = rp.events()
+        assert len(ev) == 11 and set(ev["name"]) >= {"ProfilerStep#1", "s1k0", "s1k3"}
+        assert not ev["name"].str.startswith("s0").any()
+        assert rp.steps["step"].tolist() == [1] and _step_us(rp) == 50
+        k = rp.events().set_index("name")
+        assert k.loc["s1k0", "sim_ts"] / US == 66
+        rp2 = replay(t, steps=[1], costs=Scaled(2.0))
+        assert _step_us(rp2) == 90  # as the single device-bound step, 60 µs later

@@ -100,7 +100,8 @@ class Nodes(_Columns):
 
 @dataclass(frozen=True)
 class Edges(_Columns):
-    """One row per edge: ``src``/``dst`` node numbers, ``kind`` (:data:`EDGE_KINDS`),
+    """One row per edge (in no particular order): ``src``/``dst`` node numbers, ``kind``
+    (:data:`EDGE_KINDS`),
     ``delay`` (ns; what the measured cost model gives), ``slack`` (measured time from source
     to target, ns, on the aligned clock), ``timeline`` (True: a timeline edge, node i-1 → i),
     ``binding`` (the input that set the target's time in the trace)."""
@@ -226,11 +227,8 @@ class Builder:
         aligned = nodes.time - off
         slack = aligned[dst] - aligned[src]
         delay, binding = calibrate(dst, kind, along, model, slack, aligned[src], len(nodes))
-        # timeline edges first, in target order (the engine reads them as "delay into node i")
-        o = np.lexsort((~along, dst)) if len(dst) else np.empty(0, np.int64)
-        o = np.r_[o[along[o]], o[~along[o]]]
-        edges = Edges(src=src[o], dst=dst[o], kind=kind[o], delay=delay[o], slack=slack[o],
-                      timeline=along[o], binding=binding[o])  # fmt: skip
+        edges = Edges(src=src, dst=dst, kind=kind, delay=delay, slack=slack, timeline=along,
+                      binding=binding)  # fmt: skip
         typical = pd.DataFrame(self.typical, columns=["part", "launch_ns", "queue_gap_ns",
                                                       "wake_ns"])  # fmt: skip
         un = pd.DataFrame(self.unmodelled, columns=UNMODELLED_COLUMNS)
@@ -250,11 +248,16 @@ def calibrate(
     m = len(dst)
     if m == 0:
         return np.empty(0, np.int64), np.empty(0, bool)
-    score = src_time + model
-    o = np.lexsort((np.arange(m), ~along, -score, dst))
-    first = np.r_[True, dst[o][1:] != dst[o][:-1]]
-    binding = np.zeros(m, bool)
-    binding[o[first]] = True
+    binding = np.ones(m, bool)
+    # only targets with several inputs need a choice (most points have one)
+    several = np.flatnonzero(np.bincount(dst, minlength=n)[dst] > 1)
+    if len(several):
+        d = dst[several]
+        score = src_time[several] + model[several]
+        o = np.lexsort((several, ~along[several], -score, d))
+        first = np.r_[True, d[o][1:] != d[o][:-1]]
+        binding[several] = False
+        binding[several[o[first]]] = True
     delay = np.where(binding, slack, np.minimum(slack, model))
     # a matched collective's end: last arrival + transfer, and its own run the transfer too
     coll = kind == COLLECTIVE
