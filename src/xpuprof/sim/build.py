@@ -45,7 +45,8 @@ _HOST_SQL = (
     "coalesce(name = 'cudaEventRecord', false) as is_record, "
     f"coalesce(name in {gb.BLOCKING_CALLS}, false) as is_blocking, "
     "coalesce(contains(name, 'Synchronize'), false) as is_synchronize, "
-    "coalesce(contains(lower(name), 'memcpy'), false) as is_copy_call "
+    "coalesce(contains(lower(name), 'memcpy'), false) as is_copy_call, "
+    "coalesce(contains(name, 'StreamWaitEvent'), false) as is_stream_wait "
     "from events where part in ({parts}) and device < 0 and dur is not null and dur >= 0 "
     f"and level in {_HOST_LEVELS} order by id"
 )
@@ -136,6 +137,9 @@ def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.Dat
     f_src, f_dst = _fwdbwd(fb, ids, hs)
     # typical delays of this part (medians of clean observations)
     typ = _typical(b, part, work, d, ds, launched, sync_src, sync_dst)
+    if s.empty and len(work):
+        w_src, w_dst = _inferred_stream_waits(b, part, h, host, work, ds, launched, typ)
+        sw_src, sw_dst = np.r_[sw_src, w_src], np.r_[sw_dst, w_dst]
     b.add_edges(l_src, l_dst, LAUNCH, typ["launch_ns"], False)
     b.add_edges(sync_src, sync_dst, SYNC, typ["wake_ns"], False)
     b.add_edges(sw_src, sw_dst, STREAM_WAIT_EVENT, 0, False)
@@ -328,3 +332,52 @@ def _fwdbwd(fb: pd.DataFrame, ids: np.ndarray, hs: dict) -> tuple[np.ndarray, np
     a, z = a[ok], z[ok]
     ok = (hs["end"][a] >= 0) & (hs["start"][z] >= 0) & (a != z)
     return hs["end"][a[ok]], hs["start"][z[ok]]
+
+
+def _inferred_stream_waits(
+    b: Builder, part: int, h: pd.DataFrame, host: gb.HostCalls, work: pd.DataFrame,
+    ds: dict, launched: np.ndarray, typ: dict,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Without ``cuda_sync`` events, the stream waits (``cudaStreamWaitEvent``) a trace shows
+    only by their effect: work that starts much later than its launch and its stream allow
+    (more than ``tol`` = max(2 × typical launch latency, 10 µs) after both), right after
+    (within min(tol, max(4 × typical queue gap, 10 µs))) work of another stream of its device
+    ends, when its launching thread called ``*StreamWaitEvent`` between the launches of the
+    two. Returns (end node of that work, start node of the waiting work) per inference."""
+    e = np.empty(0, np.int64)
+    t, dur = gb.i64(work.t), np.maximum(gb.i64(work.dur), 0)
+    call_ts = work.call_ts.to_numpy()
+    pe = ds["prev_end"][launched]
+    tol = max(2 * typ["launch_ns"], 10_000)
+    near = min(tol, max(4 * typ["queue_gap_ns"], 10_000))
+    late = np.flatnonzero((t - np.maximum(call_ts + typ["launch_ns"], pe + typ["queue_gap_ns"]))
+                          > tol)  # fmt: skip
+    waits = np.flatnonzero(h.is_stream_wait.to_numpy(bool) & host.in_graph)
+    if not len(late) or not len(waits):
+        return e, e
+    end = t + dur
+    dev, stream = gb.i64(work.device), gb.i64(work.stream)
+    by_end = np.argsort(end, kind="stable")
+    end_sorted = end[by_end]
+    w_key = host.pid[waits] * (1 << 32) + host.tid[waits]
+    w_ts = host.ts[waits]
+    key = work.pid.to_numpy() * (1 << 32) + work.tid.to_numpy()
+    src, dst = [], []
+    for k in late.tolist():
+        lo_i = np.searchsorted(end_sorted, t[k] - near, "left")
+        cand = by_end[lo_i : np.searchsorted(end_sorted, t[k], "right")]
+        cand = cand[(dev[cand] == dev[k]) & (stream[cand] != stream[k])]
+        if not len(cand):
+            continue
+        w = int(cand[np.argmax(end[cand])])
+        called = (w_key == key[k]) & (w_ts >= call_ts[w]) & (w_ts <= call_ts[k])
+        if called.any():
+            src.append(ds["start"][launched[w]] + 1)
+            dst.append(ds["start"][launched[k]])
+    if src:
+        b.notes.append(
+            f"part {part}: no cuda_sync events: {len(src)} stream waits inferred (work that "
+            "started right after another stream's work ended, long after its launch, with a "
+            "*StreamWaitEvent call between the two launches)"
+        )
+    return np.asarray(src, np.int64), np.asarray(dst, np.int64)
