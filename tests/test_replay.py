@@ -336,3 +336,43 @@ def test_a_step_window_replays_that_step_only(tmp_path):
         assert k.loc["s1k0", "sim_ts"] / US == 66
         rp2 = replay(t, steps=[1], costs=Scaled(2.0))
         assert _step_us(rp2) == 90  # as the single device-bound step, 60 µs later
+
+
+def _waiting_stream(tmp_path, with_wait_call: bool):
+    """Stream 20: a 100 µs kernel "producer" launched at 1, running 6–106. Stream 7: a 10 µs
+    kernel "consumer" launched at 10 (its stream idle) that starts only at 108, 2 µs after the
+    producer ends: it waited for it. With ``with_wait_call``, the thread called
+    cudaStreamWaitEvent at 5 (between the two launches), as PyTorch does; no cuda_sync events.
+    Three 1 µs kernels on stream 30 (launched at 120, 130, 140) and the producer make the
+    typical launch latency 5 µs (the median of 5, 5, 5, 5 and the consumer's 98)."""
+    tb = TraceBuilder(rank=0)
+    tb.step(0, ts=0, dur=200)
+    for call in (120, 130, 140):
+        tb.launch("other", ts=call + 5, dur=1, launch_ts=call, launch_dur=1, stream=30)
+    tb.launch("producer", ts=6, dur=100, launch_ts=1, launch_dur=1, stream=20)
+    if with_wait_call:
+        tb.runtime("cudaStreamWaitEvent", 5, 1)
+    tb.launch("consumer", ts=108, dur=10, launch_ts=10, launch_dur=1, stream=7)
+    return tb.store(tmp_path, f"wait{int(with_wait_call)}")
+
+
+def test_an_inferred_stream_wait_carries_a_slower_producer(tmp_path):
+    """Producer ×2 (200 µs: 6–206): the consumer starts 2 µs after it, at 208 µs."""
+    with xpuprof.load(_waiting_stream(tmp_path, True)) as t:
+        rp = replay(t)
+        assert rp.graph.edge_counts()["stream_wait_event"] == 1
+        assert any("1 stream waits inferred" in n for n in rp.notes)
+        prod = int(t.sql("select id from events where name = 'producer'")["id"][0])
+        ev = replay(t, costs=Scaled(2.0, events=[prod])).events().set_index("name")
+        assert ev.loc["consumer", "sim_ts"] / US == 208
+
+
+def test_no_stream_wait_is_inferred_without_the_call(tmp_path):
+    """The same timeline without a cudaStreamWaitEvent call: nothing says the consumer waited
+    for the producer, so no edge; its late start stays a measured launch latency (98 µs)."""
+    with xpuprof.load(_waiting_stream(tmp_path, False)) as t:
+        rp = replay(t)
+        assert rp.graph.edge_counts()["stream_wait_event"] == 0
+        prod = int(t.sql("select id from events where name = 'producer'")["id"][0])
+        ev = replay(t, costs=Scaled(2.0, events=[prod])).events().set_index("name")
+        assert ev.loc["consumer", "sim_ts"] / US == 108
