@@ -376,3 +376,23 @@ def test_no_stream_wait_is_inferred_without_the_call(tmp_path):
         prod = int(t.sql("select id from events where name = 'producer'")["id"][0])
         ev = replay(t, costs=Scaled(2.0, events=[prod])).events().set_index("name")
         assert ev.loc["consumer", "sim_ts"] / US == 108
+
+
+def test_a_backward_op_on_the_autograd_thread_follows_its_forward_op(tmp_path):
+    """Main thread: step 0–100, op "fwd" 10–40. Autograd thread (tid 2): "bwd" 45–75, its
+    first event, linked to "fwd" by a fwdbwd flow. Identity: bwd at 45 (5 µs after fwd ends).
+    fwd ×2 (10–70): bwd starts at 75; fwd ×0.5 (10–25): bwd starts at 30 — it is driven by
+    its forward op, not pinned to its measured start."""
+    tb = TraceBuilder(rank=0)
+    tb.step(0, ts=0, dur=100)
+    tb.op("fwd", 10, 30)
+    tb.flow("fwdbwd", 1, "s", 10)
+    tb.op("bwd", 45, 30, tid=2)
+    tb.flow("fwdbwd", 1, "f", 45, tid=2, bp="e")
+    with tb.load(tmp_path) as t:
+        rp = replay(t)
+        assert rp.graph.edge_counts()["fwdbwd"] == 1
+        fwd = int(t.sql("select id from events where name = 'fwd'")["id"][0])
+        for factor, at in ((1.0, 45), (2.0, 75), (0.5, 30)):
+            ev = replay(t, costs=Scaled(factor, kinds=("host_work",), events=[fwd])).events()
+            assert ev.set_index("name").loc["bwd", "sim_ts"] / US == at

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 _HOST_LEVELS = ("step", "op", "runtime")
 _HOST_SQL = (
-    "select part, id, pid, tid, ts, dur, depth, correlation, level, "
+    "select part, id, parent, pid, tid, ts, dur, depth, correlation, level, "
     "level = 'runtime' as is_runtime, level in ('op', 'runtime') as is_op, "
     "coalesce(name = 'cudaEventRecord', false) as is_record, "
     f"coalesce(name in {gb.BLOCKING_CALLS}, false) as is_blocking, "
@@ -112,7 +112,7 @@ def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.Dat
         depth=gb.i64(h.depth), correlation=gb.i64(h.correlation),
         is_runtime=h.is_runtime.to_numpy(bool), is_record=h.is_record.to_numpy(bool),
         is_blocking=h.is_blocking.to_numpy(bool), in_graph=in_win,
-        graph_parent=np.full(len(h), -1),
+        graph_parent=gb.nearest_graph_ancestor(ids, gb.i64(h.parent), in_win),
     )  # fmt: skip
     # host nodes: start and end of each in-window host event, thread by thread
     rows = np.flatnonzero(in_win)
@@ -183,11 +183,16 @@ def _host_nodes(b: Builder, part: int, host: gb.HostCalls, rows: np.ndarray) -> 
     # how many events are open before each point (per thread): a start with none is top-level
     step = np.where(is_start, 1, -1)
     open_after = np.cumsum(step)
-    tl_base = np.maximum.accumulate(np.where(first, np.r_[0, open_after[:-1]], 0))
-    open_before = open_after - step - tl_base
+    head = np.maximum.accumulate(np.where(first, np.arange(len(time)), 0))
+    open_before = open_after - step - (open_after - step)[head]
     kind = np.where(is_start & (open_before <= 0), HOST_GAP, HOST_WORK)
+    # whose CPU time each edge is (HTA's attribution): after a start, that event's; before a
+    # start, its parent's; between two ends, the one ending
+    prev_start, prev_row = np.r_[False, is_start[:-1]], np.r_[0, row[:-1]]
+    charged = np.where(prev_start, prev_row, np.where(is_start, host.graph_parent[row], row))
+    event = np.where((charged >= 0) & (kind == HOST_WORK), host.id[np.maximum(charged, 0)], -1)
     inner = ~first
-    b.add_edges(node[inner] - 1, node[inner], kind[inner], 0, True)
+    b.add_edges(node[inner] - 1, node[inner], kind[inner], 0, True, event[inner])
     return {"start": start_of, "end": end_of}
 
 
@@ -209,7 +214,8 @@ def _device_nodes(b: Builder, part: int, d: pd.DataFrame) -> dict:
                         "device": np.repeat(dev, 2), "stream": np.repeat(stream, 2)})  # fmt: skip
     s_node = base + 2 * np.arange(k)
     comm = d.comm.to_numpy(bool)
-    b.add_edges(s_node, s_node + 1, np.where(comm, DEVICE_COMMUNICATION, DEVICE_WORK), dur, True)
+    b.add_edges(s_node, s_node + 1, np.where(comm, DEVICE_COMMUNICATION, DEVICE_WORK), dur, True,
+                gb.i64(d.id))  # fmt: skip
     follow = np.flatnonzero(~new)
     prev_end = np.full(k, np.iinfo(np.int64).min)
     prev_end[follow] = (start + dur)[follow - 1]

@@ -104,7 +104,9 @@ class Edges(_Columns):
     (:data:`EDGE_KINDS`),
     ``delay`` (ns; what the measured cost model gives), ``slack`` (measured time from source
     to target, ns, on the aligned clock), ``timeline`` (True: a timeline edge, node i-1 → i),
-    ``binding`` (the input that set the target's time in the trace)."""
+    ``binding`` (the input that set the target's time in the trace), ``event`` (whose work
+    the edge is: a ``host_work`` edge, the innermost host event open over it; a device run,
+    that work; -1 for every other edge)."""
 
     src: np.ndarray
     dst: np.ndarray
@@ -113,6 +115,7 @@ class Edges(_Columns):
     slack: np.ndarray
     timeline: np.ndarray
     binding: np.ndarray
+    event: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -193,13 +196,15 @@ class Builder:
         return base
 
     def add_edges(self, src: np.ndarray, dst: np.ndarray, kind: int | np.ndarray,
-                  model: np.ndarray | int, timeline: bool) -> None:  # fmt: skip
+                  model: np.ndarray | int, timeline: bool,
+                  event: np.ndarray | int = -1) -> None:  # fmt: skip
         src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
         k = len(src)
         self.edge_parts.append({
             "src": src, "dst": dst, "kind": np.broadcast_to(np.asarray(kind, np.int8), k),
             "model": np.broadcast_to(np.asarray(model, np.int64), k),
             "timeline": np.full(k, timeline),
+            "event": np.broadcast_to(np.asarray(event, np.int64), k),
         })  # fmt: skip
 
     def unmodel(self, part: int, what: str, events: np.ndarray, reason: str) -> None:
@@ -228,7 +233,7 @@ class Builder:
         slack = aligned[dst] - aligned[src]
         delay, binding = calibrate(dst, kind, along, model, slack, aligned[src], len(nodes))
         edges = Edges(src=src, dst=dst, kind=kind, delay=delay, slack=slack, timeline=along,
-                      binding=binding)  # fmt: skip
+                      binding=binding, event=cat(self.edge_parts, "event"))  # fmt: skip
         typical = pd.DataFrame(self.typical, columns=["part", "launch_ns", "queue_gap_ns",
                                                       "wake_ns"])  # fmt: skip
         un = pd.DataFrame(self.unmodelled, columns=UNMODELLED_COLUMNS)

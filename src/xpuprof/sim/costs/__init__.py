@@ -36,7 +36,8 @@ class Measured:
 @dataclass(frozen=True)
 class Scaled:
     """Delays of the edges of ``kinds`` (names of :data:`EDGE_KINDS`) multiplied by
-    ``factor``, only for edges charged to ``events`` (ids of their target's event) when given;
+    ``factor``, only for edges that are the work of ``events`` (``Edges.event``: an event's
+    own CPU time, a kernel's run) when given;
     on top of ``base`` (default :class:`Measured`). Rounded to whole ns."""
 
     factor: float
@@ -52,7 +53,7 @@ class Scaled:
         pick = np.isin(graph.edges.kind, [EDGE_KINDS.index(k) for k in self.kinds])
         if self.events is not None:
             ids = np.fromiter(self.events, np.int64)
-            pick &= np.isin(graph.nodes.event[graph.edges.dst], ids)
+            pick &= np.isin(graph.edges.event, ids)
         out = d.copy()
         out[pick] = np.rint(d[pick] * self.factor).astype(np.int64)
         return out
