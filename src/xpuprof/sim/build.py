@@ -161,7 +161,8 @@ def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.Dat
 
 def _host_nodes(b: Builder, part: int, host: gb.HostCalls, rows: np.ndarray) -> dict:
     """Start and end nodes of the host events ``rows``, thread by thread in time order (at
-    equal times ends first, inner ends before outer ones, outer starts before inner ones)."""
+    equal times ends first, inner ends before outer ones, then zero-length events, then
+    starts, outer before inner)."""
     start_of = np.full(len(host.id), -1, np.int64)
     end_of = np.full(len(host.id), -1, np.int64)
     if not len(rows):
@@ -170,7 +171,12 @@ def _host_nodes(b: Builder, part: int, host: gb.HostCalls, rows: np.ndarray) -> 
     is_start = np.repeat([True, False], len(rows))
     time = np.r_[host.ts[rows], host.end[rows]]
     row = np.r_[rows, rows]
-    o = np.lexsort((np.where(is_start, depth, -depth), is_start, time, tid, pid))
+    # at equal times: ends of events with a duration (inner first), then zero-length events
+    # (each start right before its own end), then starts (outer first)
+    zero = np.tile(host.end[rows] == host.ts[rows], 2)
+    cls = np.where(zero, 1, np.where(is_start, 2, 0))
+    sub = np.where(zero, 2 * row + ~is_start, np.where(is_start, depth, -depth))
+    o = np.lexsort((sub, cls, time, tid, pid))
     time, is_start, row, pid, tid = time[o], is_start[o], row[o], pid[o], tid[o]
     first = np.r_[True, (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])]
     base = b.add_nodes(host.id[row], np.where(is_start, HOST_START, HOST_END), part, time, first,
