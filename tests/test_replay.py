@@ -396,3 +396,31 @@ def test_a_backward_op_on_the_autograd_thread_follows_its_forward_op(tmp_path):
         for factor, at in ((1.0, 45), (2.0, 75), (0.5, 30)):
             ev = replay(t, costs=Scaled(factor, kinds=("host_work",), events=[fwd])).events()
             assert ev.set_index("name").loc["bwd", "sim_ts"] / US == at
+
+
+def test_work_overlapping_on_one_stream_runs_in_lanes(tmp_path):
+    """Stream 7 records "a" 0–100, "b" 50–80 (overlapping a, as XLA's async work on one TPU
+    line) and "c" 110–120, none launched by a call. Lanes: a, c | b. "a" ×2 (0–200): c,
+    after a in its lane with the measured 10 µs gap, starts at 210; b keeps its 50."""
+    tb = TraceBuilder(rank=0)
+    tb.step(0, ts=0, dur=5)
+    for name, ts, dur in (("a", 0, 100), ("b", 50, 30), ("c", 110, 10)):
+        tb.kernel(name, ts, dur, stream=7)
+    with tb.load(tmp_path) as t:
+        ev = replay(t).events().set_index("name")
+        assert (ev["sim_ts"] == ev["ts"]).all()
+        a = int(t.sql("select id from events where name = 'a'")["id"][0])
+        ev = replay(t, costs=Scaled(2.0, events=[a])).events().set_index("name")
+        assert [ev.loc[n, "sim_ts"] / US for n in "abc"] == [0, 50, 210]
+
+
+def test_work_that_started_after_a_long_launch_call_waits_for_its_return(tmp_path):
+    """cudaLaunchKernel 10–3010 µs (a lazy module load), its kernel at 3015: submitted when the
+    call returned. The call twice as fast (10–1510): the kernel starts at 1515."""
+    tb = TraceBuilder(rank=0)
+    tb.step(0, ts=0, dur=4000)
+    tb.launch("k", ts=3015, dur=10, launch_ts=10, launch_dur=3000)
+    with tb.load(tmp_path) as t:
+        call = int(t.sql("select id from events where name = 'cudaLaunchKernel'")["id"][0])
+        ev = replay(t, costs=Scaled(0.5, kinds=("host_work",), events=[call])).events()
+        assert ev.set_index("name").loc["k", "sim_ts"] / US == 1515

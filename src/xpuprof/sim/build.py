@@ -44,7 +44,7 @@ _HOST_SQL = (
     "level = 'runtime' as is_runtime, level in ('op', 'runtime') as is_op, "
     "coalesce(name = 'cudaEventRecord', false) as is_record, "
     f"coalesce(name in {gb.BLOCKING_CALLS}, false) as is_blocking, "
-    "coalesce(contains(name, 'Synchronize'), false) as is_synchronize, "
+    "coalesce(contains(lower(name), 'synchronize'), false) as is_synchronize, "
     "coalesce(contains(lower(name), 'memcpy'), false) as is_copy_call, "
     "coalesce(contains(name, 'StreamWaitEvent'), false) as is_stream_wait "
     "from events where part in ({parts}) and device < 0 and dur is not null and dur >= 0 "
@@ -53,7 +53,8 @@ _HOST_SQL = (
 _DEVICE_SQL = (
     "select part, id, device, stream, ts as t, dur, correlation, level, "
     "level = 'collective' or coalesce(contains(lower(name), 'nccl') "
-    "or contains(lower(name), 'rccl'), false) as comm "
+    "or contains(lower(name), 'rccl'), false) as comm, "
+    "coalesce(name = 'event_wait', false) as is_event_wait "
     f"from events where part in ({{parts}}) and dur is not null and level in {DEVICE_LEVELS} "
     "order by part, device, stream, t, id"
 )
@@ -123,15 +124,19 @@ def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.Dat
     t = gb.i64(d.t) if len(d) else np.empty(0, np.int64)
     keep = np.where(call >= 0, in_win[np.maximum(call, 0)] if len(h) else False,
                     (t >= lo) & (t <= hi))  # fmt: skip
-    d = d[keep].reset_index(drop=True)
-    call = call[keep]
+    d, call = _lanes(d[keep].reset_index(drop=True), call[keep])
     if d.empty:
         b.notes.append(f"part {part}: no device events: the host side is replayed alone")
     ds = _device_nodes(b, part, d)
     launched = np.flatnonzero(call >= 0)
-    l_src = hs["start"][call[launched]]
+    # a launch is submitted when its call returns, if the work started only after that (a
+    # long call: lazy module loading, a pageable copy staged by the host), else at its start
+    after = gb.i64(d.t)[launched] >= host.end[call[launched]]
+    l_src = np.where(after, hs["end"][call[launched]], hs["start"][call[launched]])
     l_dst = ds["start"][launched]
     work = gb.launched_work(d, host, call_of) if len(launched) else pd.DataFrame()
+    if len(work):
+        work["submit_ts"] = np.where(after, host.end[call[launched]], work.call_ts.to_numpy())
     sync_src, sync_dst, sw_src, sw_dst = _syncs(b, part, h, s, host, call_of, work,
                                                 ds["start"][launched], hs)  # fmt: skip
     f_src, f_dst = _fwdbwd(fb, ids, hs)
@@ -145,6 +150,10 @@ def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.Dat
     b.add_edges(sw_src, sw_dst, STREAM_WAIT_EVENT, 0, False)
     b.add_edges(f_src, f_dst, FWDBWD, 0, False)
     b.add_edges(ds["gap_src"], ds["gap_dst"], STREAM_ORDER, typ["queue_gap_ns"], True)
+    ew = d.is_event_wait.to_numpy(bool) if len(d) else np.empty(0, bool)
+    b.unmodel(part, "stream wait", gb.i64(d.id)[ew] if len(d) else ew, "a device-side "
+              "event_wait (MTIA): the event it waits for is not identified in the trace, so the "
+              "wait runs as measured")  # fmt: skip
     long = np.flatnonzero(call < 0)
     if len(long) and len(launched):
         b.notes.append(f"part {part}: {len(long)} device events have no launch in the trace: "
@@ -203,14 +212,16 @@ def _host_nodes(b: Builder, part: int, host: gb.HostCalls, rows: np.ndarray) -> 
 
 
 def _device_nodes(b: Builder, part: int, d: pd.DataFrame) -> dict:
-    """Start and end nodes of the device work ``d`` (sorted by device, stream, start)."""
+    """Start and end nodes of the device work ``d`` (sorted by device, stream, lane, start;
+    one timeline per lane, see :func:`_lanes`)."""
     k = len(d)
     if not k:
         e = np.empty(0, np.int64)
         return {"start": e, "dur": e, "gap_src": e, "gap_dst": e, "prev_end": e}
     start, dur = gb.i64(d.t), np.maximum(gb.i64(d.dur), 0)
-    dev, stream = gb.i64(d.device), gb.i64(d.stream)
-    new = np.r_[True, (dev[1:] != dev[:-1]) | (stream[1:] != stream[:-1])]
+    dev, stream, lane = gb.i64(d.device), gb.i64(d.stream), gb.i64(d.lane)
+    new = np.r_[True, (dev[1:] != dev[:-1]) | (stream[1:] != stream[:-1])
+                | (lane[1:] != lane[:-1])]  # fmt: skip
     time = np.c_[start, start + dur].ravel()
     first = np.c_[new, np.zeros(k, bool)].ravel()
     kinds = np.tile([DEVICE_START, DEVICE_END], k)
@@ -263,17 +274,19 @@ def _inferred_syncs(host: gb.HostCalls, h: pd.DataFrame, dl: pd.DataFrame,
 
 def _typical(b: Builder, part: int, work: pd.DataFrame, d: pd.DataFrame, ds: dict,
              launched: np.ndarray, sync_src: np.ndarray, sync_dst: np.ndarray) -> dict:  # fmt: skip
-    """Per-part medians of clean observations: launch latency of work launched onto an empty
-    queue of an idle stream; gap between work and the work queued behind it; wake-up of a host
-    call after the work it waited for (work end to call end, of calls that waited)."""
+    """Per-part medians of clean observations: launch latency (from the launch's submission:
+    its call's start, or its end for work that started after the call returned) of work
+    launched onto an empty queue of an idle stream; gap between work and the work queued
+    behind it; wake-up of a host call after the work it waited for (work end to call end, of
+    calls that waited)."""
     launch = gap = 0
     if len(work):
         t = gb.i64(work.t)
-        call_ts = work.call_ts.to_numpy()
+        call_ts, submit = work.call_ts.to_numpy(), work.submit_ts.to_numpy()
         pe = ds["prev_end"][launched]
         idle = work.onto_empty_queue.to_numpy(bool) & (pe < call_ts)
         if idle.any():
-            launch = int(np.median(np.maximum(t[idle] - call_ts[idle], 0)))
+            launch = int(np.median(np.maximum(t[idle] - submit[idle], 0)))
         queued = (pe > call_ts) & (pe > np.iinfo(np.int64).min)
         if queued.any():
             gap = int(np.median(np.maximum(t[queued] - pe[queued], 0)))
@@ -354,15 +367,15 @@ def _inferred_stream_waits(
     only by their effect: work that starts much later than its launch and its stream allow
     (more than ``tol`` = max(2 × typical launch latency, 10 µs) after both), right after
     (within min(tol, max(4 × typical queue gap, 10 µs))) work of another stream of its device
-    ends, when its launching thread called ``*StreamWaitEvent`` between the launches of the
-    two. Returns (end node of that work, start node of the waiting work) per inference."""
+    ends, when its process called ``*StreamWaitEvent`` between the launches of the two.
+    Returns (end node of that work, start node of the waiting work) per inference."""
     e = np.empty(0, np.int64)
     t, dur = gb.i64(work.t), np.maximum(gb.i64(work.dur), 0)
-    call_ts = work.call_ts.to_numpy()
+    call_ts, submit = work.call_ts.to_numpy(), work.submit_ts.to_numpy()
     pe = ds["prev_end"][launched]
     tol = max(2 * typ["launch_ns"], 10_000)
     near = min(tol, max(4 * typ["queue_gap_ns"], 10_000))
-    late = np.flatnonzero((t - np.maximum(call_ts + typ["launch_ns"], pe + typ["queue_gap_ns"]))
+    late = np.flatnonzero((t - np.maximum(submit + typ["launch_ns"], pe + typ["queue_gap_ns"]))
                           > tol)  # fmt: skip
     waits = np.flatnonzero(h.is_stream_wait.to_numpy(bool) & host.in_graph)
     if not len(late) or not len(waits):
@@ -371,9 +384,9 @@ def _inferred_stream_waits(
     dev, stream = gb.i64(work.device), gb.i64(work.stream)
     by_end = np.argsort(end, kind="stable")
     end_sorted = end[by_end]
-    w_key = host.pid[waits] * (1 << 32) + host.tid[waits]
+    w_pid = host.pid[waits]
     w_ts = host.ts[waits]
-    key = work.pid.to_numpy() * (1 << 32) + work.tid.to_numpy()
+    pid = work.pid.to_numpy()
     src, dst = [], []
     for k in late.tolist():
         lo_i = np.searchsorted(end_sorted, t[k] - near, "left")
@@ -382,7 +395,8 @@ def _inferred_stream_waits(
         if not len(cand):
             continue
         w = int(cand[np.argmax(end[cand])])
-        called = (w_key == key[k]) & (w_ts >= call_ts[w]) & (w_ts <= call_ts[k])
+        # the wait may be called on another thread of the process (forward vs autograd)
+        called = (w_pid == pid[k]) & (w_ts >= call_ts[w]) & (w_ts <= call_ts[k])
         if called.any():
             src.append(ds["start"][launched[w]] + 1)
             dst.append(ds["start"][launched[k]])
@@ -390,6 +404,36 @@ def _inferred_stream_waits(
         b.notes.append(
             f"part {part}: no cuda_sync events: {len(src)} stream waits inferred (work that "
             "started right after another stream's work ended, long after its launch, with a "
-            "*StreamWaitEvent call between the two launches)"
+            "*StreamWaitEvent call in its process between the two launches)"
         )
     return np.asarray(src, np.int64), np.asarray(dst, np.int64)
+
+
+def _lanes(d: pd.DataFrame, call: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+    """``d`` (sorted by device, stream, start) with a ``lane`` column and sorted by device,
+    stream, lane, start: work that overlaps earlier work of its stream (XLA's async copies on
+    one TPU line, a source that puts concurrent work on one "stream") goes to the first lane
+    of the stream free at its start, so each lane is a timeline that runs one thing at a
+    time. Most streams have one lane; only streams with an overlap take a Python step per
+    item."""
+    if d.empty:
+        return d.assign(lane=np.zeros(0, np.int64)), call
+    start = gb.i64(d.t)
+    end = start + np.maximum(gb.i64(d.dur), 0)
+    key = gb.i64(d.device) * (1 << 40) + gb.i64(d.stream) % (1 << 40)
+    prev_max = pd.Series(end).groupby(key).cummax().groupby(key).shift(1).to_numpy()
+    overlap = start < np.nan_to_num(prev_max, nan=-np.inf)
+    lane = np.zeros(len(d), np.int64)
+    for k in np.unique(key[overlap]).tolist():
+        free: list[int] = []  # end of the last item of each lane
+        for i in np.flatnonzero(key == k).tolist():
+            j = next((j for j, e in enumerate(free) if e <= start[i]), len(free))
+            if j == len(free):
+                free.append(end[i])
+            else:
+                free[j] = end[i]
+            lane[i] = j
+    if not overlap.any():
+        return d.assign(lane=lane), call
+    o = np.lexsort((gb.i64(d.id), start, lane, gb.i64(d.stream), gb.i64(d.device)))
+    return d.iloc[o].reset_index(drop=True).assign(lane=lane[o]), call[o]

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from xpuprof.analysis.common import StepSelection
     from xpuprof.trace.trace import Trace
 
-STEP_COLUMNS = ["rank", "part", "step", "name", "measured_ns", "simulated_ns", "error_pct"]
+STEP_COLUMNS = ["rank", "part", "step", "name", "measured_ns", "simulated_ns", "error_pct",
+                "with_device_measured_ns", "with_device_simulated_ns",
+                "with_device_error_pct"]  # fmt: skip
 SUMMARY_COLUMNS = ["rank", "part", "steps", "measured_ns", "simulated_ns", "error_pct",
                    "span_measured_ns", "span_simulated_ns", "span_error_pct"]  # fmt: skip
 DEVIATION_COLUMNS = ["rank", "part", "event", "name", "level", "measured_start",
@@ -113,7 +115,10 @@ class Replay:
                                                ("span_error_pct", "%"))),
                 "steps": Presentation(title="simulated vs measured, per step",
                                       units=(("measured_ns", "ns"), ("simulated_ns", "ns"),
-                                             ("error_pct", "%"))),
+                                             ("error_pct", "%"),
+                                             ("with_device_measured_ns", "ns"),
+                                             ("with_device_simulated_ns", "ns"),
+                                             ("with_device_error_pct", "%"))),
                 "edges": Presentation(title="replay graph: edges per kind", all_rows=True),
                 "unmodelled": Presentation(title="what could not be modelled"),
                 "deviations": Presentation(title="largest start-time deviations",
@@ -234,6 +239,7 @@ def _compare(trace: Trace, g: ReplayGraph, sched: engine.Schedule, top: int) -> 
     st["measured_ns"] = nodes.time[en] - nodes.time[sn]
     st["simulated_ns"] = sched.time[en] - sched.time[sn]
     st["error_pct"] = _pct(st["simulated_ns"], st["measured_ns"])
+    _with_device(trace, g, time, st, sn, en)
     steps = (
         st.sort_values(["part", "step"]).reset_index(drop=True)[STEP_COLUMNS]
         if len(st)
@@ -279,6 +285,42 @@ def _compare(trace: Trace, g: ReplayGraph, sched: engine.Schedule, top: int) -> 
     deviations = _deviations(trace, g, sched, aligned, top)
     return Replay(trace=trace, graph=g, time=time, steps=steps, summary=summary, edges=edges,
                   unmodelled=unmodelled, deviations=deviations, notes=notes)  # fmt: skip
+
+
+def _with_device(trace: Trace, g: ReplayGraph, time: np.ndarray, st: pd.DataFrame,
+                 sn: np.ndarray, en: np.ndarray) -> None:  # fmt: skip
+    """Add each step's time up to the later of its host end and the end of the device work
+    launched in it (the store's ``step`` of a device event is its launch's), measured and
+    simulated: a device-bound step whose host never waits ends there, not at its host end."""
+    nodes = g.nodes
+    dev_end = np.flatnonzero(nodes.kind == DEVICE_END)
+    st["with_device_measured_ns"] = st["measured_ns"]
+    st["with_device_simulated_ns"] = st["simulated_ns"]
+    if len(dev_end) and len(st):
+        import pyarrow as pa
+
+        ids = nodes.event[dev_end]
+        trace.con.register("_xp_replay_dev", pa.table({"id": pa.array(ids, pa.int64())}))
+        try:
+            step_of = trace.sql("select e.id, e.step from events e join _xp_replay_dev d "
+                                "on e.id = d.id where e.step is not null")  # fmt: skip
+        finally:
+            trace.con.unregister("_xp_replay_dev")
+        pos = pd.Series(dev_end, index=ids)
+        node = pos.reindex(step_of["id"]).to_numpy()
+        per = pd.DataFrame({"part": nodes.part[node], "step": step_of["step"].to_numpy(),
+                            "m": nodes.time[node], "s": time[node]})  # fmt: skip
+        last = per.groupby(["part", "step"]).max()
+        keys = pd.MultiIndex.from_arrays([st["part"], st["step"]])
+        m_end = last["m"].reindex(keys).to_numpy(float)
+        s_end = last["s"].reindex(keys).to_numpy(float)
+        m0, s0 = nodes.time[sn], time[sn]
+        st["with_device_measured_ns"] = np.fmax(nodes.time[en], m_end) - m0
+        st["with_device_simulated_ns"] = np.fmax(time[en], s_end) - s0
+    st["with_device_measured_ns"] = st["with_device_measured_ns"].astype("int64")
+    st["with_device_simulated_ns"] = st["with_device_simulated_ns"].astype("int64")
+    st["with_device_error_pct"] = _pct(st["with_device_simulated_ns"],
+                                       st["with_device_measured_ns"])  # fmt: skip
 
 
 def _cross(g: ReplayGraph) -> tuple[np.ndarray, np.ndarray]:
