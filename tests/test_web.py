@@ -205,8 +205,9 @@ def check_shown(text: str, header: str, col: str, raw: Any, origin: int | None,
         value = raw * 100 if given != "%" and SHARES & tokens and not PERCENT & tokens else raw
         scale = 1.0
     elif unit == "ms" and (
-        col == "ts" or col.endswith("_ts") or col in ("start", "end", "first_start", "last_start")
-    ):
+        given == "ts" or col == "ts" or col.endswith("_ts")
+        or col in ("start", "end", "first_start", "last_start")
+    ):  # fmt: skip
         if origin is None:
             return None
         value, scale = raw - origin, 1e6

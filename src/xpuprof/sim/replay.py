@@ -42,8 +42,8 @@ STEP_COLUMNS = ["rank", "part", "step", "name", "measured_ns", "simulated_ns", "
                 "with_device_error_pct"]  # fmt: skip
 SUMMARY_COLUMNS = ["rank", "part", "steps", "measured_ns", "simulated_ns", "error_pct",
                    "span_measured_ns", "span_simulated_ns", "span_error_pct"]  # fmt: skip
-DEVIATION_COLUMNS = ["rank", "part", "event", "name", "level", "measured_start",
-                     "simulated_start", "deviation_ns", "cause"]  # fmt: skip
+DEVIATION_COLUMNS = ["rank", "part", "name", "level", "point", "deviation_ns", "cause",
+                     "measured", "simulated", "event"]  # fmt: skip
 UNMODELLED_COLUMNS = ["rank", "part", "what", "event", "name", "reason"]
 EVENT_COLUMNS = ["id", "part", "rank", "pid", "tid", "device", "stream", "level", "category",
                  "name", "ts", "dur", "sim_ts", "sim_dur"]  # fmt: skip
@@ -100,12 +100,16 @@ class Replay:
             facts["headline"] = (
                 f"Replay reproduces the measured {facts['error_of']} within "
                 f"{facts['median_error_pct']:.2f} % (median), {facts['worst_error_pct']:.2f} % "
-                f"(worst) over {len(err)} {facts['error_of'] if len(err) != 1 else 'one'}; "
+                f"(worst) over {_count(len(err), facts['error_of'])}; "
                 f"{facts['nodes']:,} nodes, {facts['edges']:,} edges"
             )
+        tables = {"summary": self.summary, "steps": self.steps, "edges": self.edges,
+                  "unmodelled": self.unmodelled, "deviations": self.deviations}  # fmt: skip
+        ranks = list(self.graph.ranks.values())
+        if None not in ranks and len(set(ranks)) == len(ranks):  # part says nothing more
+            tables = {k: v.drop(columns="part", errors="ignore") for k, v in tables.items()}
         return Result(
-            tables={"summary": self.summary, "steps": self.steps, "edges": self.edges,
-                    "unmodelled": self.unmodelled, "deviations": self.deviations},
+            tables=tables,
             notes=list(self.notes), facts=facts,
             present={
                 "summary": Presentation(title="simulated vs measured, per rank", all_rows=True,
@@ -121,9 +125,8 @@ class Replay:
                                              ("with_device_error_pct", "%"))),
                 "edges": Presentation(title="replay graph: edges per kind", all_rows=True),
                 "unmodelled": Presentation(title="what could not be modelled"),
-                "deviations": Presentation(title="largest start-time deviations",
-                                           units=(("measured_start", "ts"),
-                                                  ("simulated_start", "ts"),
+                "deviations": Presentation(title="where the largest deviations arise",
+                                           units=(("measured", "ts"), ("simulated", "ts"),
                                                   ("deviation_ns", "ns"))),
             },
         )  # fmt: skip
@@ -323,6 +326,11 @@ def _with_device(trace: Trace, g: ReplayGraph, time: np.ndarray, st: pd.DataFram
                                        st["with_device_measured_ns"])  # fmt: skip
 
 
+def _count(n: int, what: str) -> str:
+    """``3 steps``, ``1 step``, ``2 spans``."""
+    return f"{n} {what if n != 1 else what.rstrip('s')}"
+
+
 def _cross(g: ReplayGraph) -> tuple[np.ndarray, np.ndarray]:
     c = ~g.edges.timeline
     return g.edges.src[c], g.edges.dst[c]
@@ -349,39 +357,49 @@ def _unmodelled(trace: Trace, g: ReplayGraph) -> pd.DataFrame:
 
 def _deviations(trace: Trace, g: ReplayGraph, sched: engine.Schedule, aligned: np.ndarray,
                 top: int) -> pd.DataFrame:  # fmt: skip
-    nodes = g.nodes
-    starts = np.flatnonzero(np.isin(nodes.kind, (HOST_START, DEVICE_START)) & (nodes.event >= 0))
-    dev = sched.time[starts] - aligned[starts]
-    pick = starts[np.argsort(-np.abs(dev), kind="stable")[:top]]
-    pick = pick[sched.time[pick] != aligned[pick]]
+    """The points where a deviation from the measured timeline *arises* (its own deviation
+    differs from that of the input that set it; points that only inherit one are left out),
+    largest first, with that input."""
+    nodes, e = g.nodes, g.edges
+    n = len(nodes)
+    dev = sched.time - aligned
+    src, _dst = _cross(g)
+    kinds = e.kind[~e.timeline]
+    via = sched.via
+    head = np.zeros(n, bool)
+    head[g.timelines.first] = True
+    chain_kind = np.full(n, -1)
+    chain_kind[e.dst[e.timeline]] = e.kind[e.timeline]
+    inp = np.where(via >= 0, src[np.maximum(via, 0)] if len(src) else -1,
+                   np.where(head, -1, np.arange(n) - 1))  # fmt: skip
+    own = dev - np.where(inp >= 0, dev[np.maximum(inp, 0)], 0)
+    cand = np.flatnonzero((nodes.event >= 0) & (own != 0))
+    pick = cand[np.argsort(-np.abs(dev[cand]), kind="stable")[:top]]
     if not len(pick):
         return pd.DataFrame(columns=DEVIATION_COLUMNS)
-    src, dst = _cross(g)
-    kinds = g.edges.kind[~g.edges.timeline]
-    via = sched.via
-    # the input that set each start: walk to the anchor of its segment
     cause = []
     for v in pick.tolist():
-        a = v
-        while via[a] < 0 and a > 0 and nodes.timeline[a - 1] == nodes.timeline[a]:
-            a -= 1
-        e = via[a]
-        if e >= 0:
-            s = src[e]
-            who = "a rendezvous" if nodes.event[s] < 0 else f"event {int(nodes.event[s])}"
-            cause.append(f"{EDGE_KINDS[kinds[e]]} edge from {who}"
-                         + (f" (part {int(nodes.part[s])})" if nodes.part[s] != nodes.part[v]
-                            and nodes.part[s] >= 0 else ""))  # fmt: skip
+        if via[v] >= 0:
+            s_ = src[via[v]]
+            who = "a rendezvous" if nodes.event[s_] < 0 else f"event {int(nodes.event[s_])}"
+            other = nodes.part[s_] >= 0 and nodes.part[s_] != nodes.part[v]
+            cause.append(f"{EDGE_KINDS[kinds[via[v]]]} edge from {who}"
+                         + (f" (part {int(nodes.part[s_])})" if other else ""))  # fmt: skip
+        elif head[v]:
+            cause.append("first point of its timeline")
         else:
-            cause.append("its timeline (program order)")
-    info = _event_info(trace, nodes.event[pick]).set_index("id")
+            cause.append(f"its {EDGE_KINDS[chain_kind[v]]} edge (program order)")
     ev = nodes.event[pick]
+    info = _event_info(trace, ev).drop_duplicates("id").set_index("id")
+    is_start = np.isin(nodes.kind[pick], (HOST_START, DEVICE_START))
     return pd.DataFrame({
         "rank": pd.array([g.ranks.get(int(p)) for p in nodes.part[pick]], dtype="Int64"),
-        "part": nodes.part[pick], "event": ev,
+        "part": nodes.part[pick],
         "name": info["name"].reindex(ev).to_numpy(object),
         "level": info["level"].reindex(ev).to_numpy(object),
-        "measured_start": nodes.time[pick],
-        "simulated_start": sched.time[pick] + (nodes.time[pick] - aligned[pick]),
-        "deviation_ns": sched.time[pick] - aligned[pick], "cause": cause,
+        "point": np.where(is_start, "start", "end"),
+        "deviation_ns": dev[pick], "cause": cause,
+        "measured": nodes.time[pick],
+        "simulated": sched.time[pick] + (nodes.time[pick] - aligned[pick]),
+        "event": ev,
     })  # fmt: skip

@@ -15,6 +15,9 @@ recomputed. What each tool gets:
   from the points' own ``peak_flops`` and ``peak_bandwidth``;
 - ``memory``: allocated and reserved bytes over time per rank and device (``timeline``), with
   each peak (``peaks``) marked;
+- ``replay``: measured and simulated step time side by side, one pair of bars per step
+  (grouped by rank when there are several), the error in the hover, from the ``steps`` table;
+  without steps, each rank's span (first start to last end) from the ``summary`` table;
 - ``comm``: bus bandwidth against message size (log x), one point per collective; and when
   several ranks take part, each participant's lateness at each matched collective (its
   aligned start minus the earliest, from the ``collectives``, ``clock`` and ``skew`` tables:
@@ -28,6 +31,9 @@ Every string from a trace is plain data: Plotly draws text itself (no innerHTML 
 it reads a few tags (``<b>``, ``<br>``, ``<a>``) in names, hover texts and annotations, so
 ``&``, ``<`` and ``>`` in them are written as entities (:func:`plain`), which Plotly shows as
 the characters they stand for.
+
+Length: one figure builder per tool, each short, over shared helpers (units, thinning,
+escaping); a module per tool would scatter the rules every chart must follow.
 """
 
 from __future__ import annotations
@@ -542,6 +548,49 @@ def comm_figures(res: Result) -> list[Figure | None]:
     return [bandwidth(res), skew_heatmap(res)]
 
 
+# -------------------------------------------------------------------------------- replay
+
+#: Colours of the replay's two bars: measured as the overview draws compute, simulated apart.
+REPLAY_COLORS = {"measured": "#1f77b4", "simulated": "#ff7f0e"}
+
+
+def replay_steps(res: Result) -> Figure | None:
+    """Measured and simulated time of each step (bars side by side, ms; grouped by rank when
+    there are several), the error in the hover: the replay's ``steps`` table; without steps,
+    each rank's span from its ``summary`` table (``span_*`` columns)."""
+    rows = rows_of(res, "steps")
+    if rows:
+        cols = ("measured_ns", "simulated_ns", "error_pct")
+        keys = [step_label(r.get("step")) for r in rows]
+        what, title = "step", "Step time, measured and simulated"
+    else:
+        rows = [r for r in rows_of(res, "summary") if number(r.get("span_measured_ns"))]
+        if not rows:
+            return None
+        cols = ("span_measured_ns", "span_simulated_ns", "span_error_pct")
+        keys = [f"rank {r.get('rank')}" for r in rows]
+        what, title = "rank", "Span of each rank (first start to last end), measured and simulated"
+    n = len(rows)
+    rows, keys = rows[: MAX_BARS // 2], keys[: MAX_BARS // 2]
+    many = what == "step" and len({r.get("rank") for r in rows}) > 1
+    x: Any = [[f"rank {r.get('rank')}" for r in rows], keys] if many else keys
+    err = [number(r.get(cols[2])) for r in rows]
+    data = [{
+        "type": "bar", "name": name, "x": x,
+        "y": [(number(r.get(col)) or 0.0) / 1e6 for r in rows],
+        "customdata": err, "marker": {"color": REPLAY_COLORS[name]},
+        "hovertemplate": f"%{{x}}<br>{name}: %{{y:.3f}} ms (error %{{customdata:.2f}} %)"
+                         "<extra></extra>",
+    } for name, col in (("measured", cols[0]), ("simulated", cols[1]))]  # fmt: skip
+    more = f" (the first {len(rows):,} of {n:,})" if n > len(rows) else ""
+    return _figure("replay-steps", title + more, data, {
+        "barmode": "group",
+        "xaxis": _axis("rank and step" if many else what,
+                       type="multicategory" if many else "category"),
+        "yaxis": _axis("time (ms)"),
+    })  # fmt: skip
+
+
 _BUILDERS: dict[str, Callable[[Result], list[Figure | None]]] = {
     "overview": overview_figures,
     "summary": lambda res: [
@@ -566,6 +615,7 @@ _BUILDERS: dict[str, Callable[[Result], list[Figure | None]]] = {
     "roofline": lambda res: [roofline(res)],
     "memory": lambda res: [memory(res)],
     "comm": comm_figures,
+    "replay": lambda res: [replay_steps(res)],
 }
 
 

@@ -204,7 +204,12 @@ def export(
         help="Output file (.json or .json.gz), or a directory (existing, or ending in /) "
         "for one file per rank.",
     ),
-    fmt: str = typer.Option("chrome", "--format", help="Output format: chrome."),
+    fmt: str = typer.Option(
+        "chrome",
+        "--format",
+        help="Output format: chrome, or chakra (one Chakra ET file per rank in the -o "
+        "directory, from the replay graph; docs/chakra.md).",
+    ),
     overlay: str = typer.Option(
         None,
         "--overlay",
@@ -213,9 +218,13 @@ def export(
     ),
     as_json: bool = _JSON,
 ) -> None:
-    """Write a store back out as a Chrome trace (opens in Perfetto and chrome://tracing)."""
-    if fmt != "chrome":
-        _fail(XpuprofError(f"unknown export format {fmt!r}; formats: chrome"))
+    """Write a store back out as a Chrome trace (opens in Perfetto and chrome://tracing), or
+    its replay graph as Chakra execution traces (--format chakra)."""
+    if fmt not in ("chrome", "chakra"):
+        _fail(XpuprofError(f"unknown export format {fmt!r}; formats: chrome, chakra"))
+    if fmt == "chakra":
+        _export_chakra(store, output, overlay, as_json)
+        return
     from xpuprof.export.chrome import export_chrome, parse_overlays
     from xpuprof.trace.trace import Trace
 
@@ -234,6 +243,24 @@ def export(
     )
     for name, n in (summary.get("overlays") or {}).items():
         out.print(f"  with the {name.replace('_', ' ')} overlay: {n:,} marked event(s)")
+
+
+def _export_chakra(store: Path, output: str, overlay: str | None, as_json: bool) -> None:
+    """``export --format chakra``: replay the store, write one .et file per rank."""
+    from xpuprof.export.chakra import export_chakra
+    from xpuprof.trace.trace import Trace
+
+    try:
+        if overlay:
+            raise XpuprofError("--overlay applies to --format chrome only")
+        with Trace(store) as trace:
+            paths = export_chakra(trace, output)
+    except XpuprofError as e:
+        _fail(e)
+    if as_json:
+        render.print_json({"path": output, "files": [str(p) for p in paths]})
+        return
+    out.print(f"wrote {len(paths)} Chakra ET file(s) to {escape(output)}")
 
 
 @app.command()
@@ -498,7 +525,8 @@ _INPUTS = {
 
 def _parameter(option: tools.Option) -> inspect.Parameter:
     typ = option.type if option.default is not None else option.type | None
-    default = typer.Option(option.default, option.cli_flag, help=option.help)
+    flags = (option.cli_flag, option.short) if option.short else (option.cli_flag,)
+    default = typer.Option(option.default, *flags, help=option.help)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=default,
                              annotation=typ)  # fmt: skip
 

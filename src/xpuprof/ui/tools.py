@@ -9,6 +9,10 @@ Each tool states its own one-sentence answer (``Result.facts["headline"]``); :fu
 it first.
 Functions are named as ``"module:function"`` and imported on first use, so that listing tools
 stays instant.
+
+Length: the list itself is the module's reason to be (every tool, its options and how its
+tables show, in one place), with the few composite tools it names and the viewer's thin
+names; split, a front end would have to look for a tool in several modules.
 """
 
 from __future__ import annotations
@@ -39,13 +43,17 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Option:
     """One keyword option of a tool: its keyword, one line of help, the default the CLI shows
-    (None: the tool's own default applies), its type, and its CLI flag (``--name``)."""
+    (None: the tool's own default applies), its type, its CLI flag (``--name``) and short
+    flag (``-o``), and whether it is ``local``: it writes files on the machine that runs the
+    tool, so the CLI offers it and the web UI, which serves others read-only, never does."""
 
     name: str
     help: str
     default: Any = None
     type: type = str
     flag: str | None = None
+    short: str | None = None
+    local: bool = False
 
     @property
     def cli_flag(self) -> str:
@@ -85,6 +93,10 @@ class Tool:
 
     def keywords(self) -> tuple[str, ...]:
         return (*self.common, *(o.name for o in self.options))
+
+    def served(self) -> tuple[Option, ...]:
+        """The options a server may take from its clients: all but the ``local`` ones."""
+        return tuple(o for o in self.options if not o.local)
 
 
 def _resolve(target: str) -> Callable[..., Any]:
@@ -353,32 +365,67 @@ def formats() -> Result:
     return Result(tables={"formats": rows})
 
 
+def replay(
+    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
+    top: int = 20, export: str | None = None, output: str | Path | None = None,
+) -> Result:  # fmt: skip
+    """Replay the trace (:func:`xpuprof.sim.replay`: identity replay, measured costs) and
+    compare it with what was measured; with ``export="chrome"`` also write the measured and
+    the simulated timeline into one Chrome trace (``output``; default beside the store,
+    :func:`xpuprof.export.replay.default_path`). Facts: the replay's, and ``export`` (what
+    was written: :func:`xpuprof.export.replay.export_replay_chrome`'s summary)."""
+    from xpuprof.sim import replay as run_replay
+
+    if export is not None and export.strip().lower() != "chrome":
+        raise XpuprofError(f"--export {export!r}: not an export format; formats: chrome")
+    if export is None and output is not None:
+        raise XpuprofError("--output names the file --export writes: add --export chrome")
+    rp = run_replay(trace, ranks=ranks, steps=steps, top=top)
+    res = rp.result()
+    if export is not None:
+        from xpuprof.export.replay import default_path, export_replay_chrome
+
+        path = Path(output) if output is not None else default_path(trace)
+        written = export_replay_chrome(rp, path)
+        res.facts["export"] = written
+        res.notes.append(
+            f"wrote the measured and the simulated timeline to {written['path']} "
+            f"({written['measured']:,} measured entries, {written['simulated']:,} simulated "
+            "events on threads named 'simulated · …'): open it in Perfetto (ui.perfetto.dev)"
+        )
+    return res
+
+
 # ------------------------------------------------------------------------------ the viewer
 # The trace viewer's questions (docs/view.md): thin names for :mod:`xpuprof.view`, so the web UI
 # asks this module, as it does for every tool, and imports nothing that computes.
 
 
-def viewer_tracks(trace: Trace) -> dict[str, Any]:
-    """The viewer's tracks (rank, process, thread, stream, counter) and the trace's time span."""
+def viewer_tracks(trace: Trace, sim: bool = False) -> dict[str, Any]:
+    """The viewer's tracks (rank, process, thread, stream, counter) and the trace's time span;
+    with ``sim``, each replayed thread and stream followed by its simulated twin."""
     from xpuprof.view import tracks
 
-    return tracks(trace)
+    return tracks(trace, sim=sim)
 
 
 def viewer_window(
-    trace: Trace, ts0: int, ts1: int, width_px: int, tracks: list[int] | None = None
-) -> dict[str, Any]:
-    """Events and per-pixel summaries of a time window at a width in pixels."""
+    trace: Trace, ts0: int, ts1: int, width_px: int, tracks: list[int] | None = None,
+    sim: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """Events and per-pixel summaries of a time window at a width in pixels (with ``sim``,
+    on the simulated tracks too)."""
     from xpuprof.view import window
 
-    return window(trace, ts0, ts1, width_px, tracks)
+    return window(trace, ts0, ts1, width_px, tracks, sim=sim)
 
 
-def viewer_event(trace: Trace, event_id: int) -> dict[str, Any]:
-    """One event with its args, its ancestry across levels and its flows."""
+def viewer_event(trace: Trace, event_id: int, sim: bool = False) -> dict[str, Any]:
+    """One event with its args, its ancestry across levels and its flows (with ``sim``, its
+    simulated start, duration and track too)."""
     from xpuprof.view import event
 
-    return event(trace, event_id)
+    return event(trace, event_id, sim=sim)
 
 
 def viewer_search(trace: Trace, text: str, limit: int = 100) -> dict[str, Any]:
@@ -545,6 +592,16 @@ TOOLS: tuple[Tool, ...] = (
                   "path": Presentation(title="critical path, segment by segment",
                                        units=(("start", "ts"), ("end", "ts"),
                                               ("duration", "ns"), ("weight", "ns")))}),
+    Tool("replay", "xpuprof.ui.tools:replay",
+         "Replay the trace on its dependency graph (measured costs) and compare: simulated vs "
+         "measured step time per rank and step, edges per kind, what could not be modelled, "
+         "the largest start-time deviations (docs/replay.md).",
+         options=(Option("top", "Largest start-time deviations to list.", 20, int),
+                  Option("export", "Also write the measured and simulated timelines as one "
+                                   "Chrome trace for Perfetto: chrome.", local=True),
+                  Option("output", "The file --export writes (.json or .json.gz; default: "
+                                   "beside the store, STORE.replay.json.gz).", short="-o",
+                         local=True))),
     Tool("diff", "xpuprof.analysis.diff:diff",
          "The step-time delta between two traces split into where the time goes, then the "
          "ops and kernels added, removed and changed.",

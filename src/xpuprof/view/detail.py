@@ -302,9 +302,11 @@ def _plan(got: _Rows, event_id: int, row: int) -> None:
     got.plan(tv.ends(np.asarray(tv.links_by_dst[lo:hi], np.int64))["src"].tolist())
 
 
-def event(trace: Trace, event_id: Any) -> dict[str, Any]:
+def event(trace: Trace, event_id: Any, *, sim: bool = False) -> dict[str, Any]:
     """One event: its columns, decoded args, ancestry (outward, each with ``via``) and flows
-    (``docs/view.md``). ``NotFound`` when the store has no such id."""
+    (``docs/view.md``). ``NotFound`` when the store has no such id. With ``sim``, also
+    ``simulated``: where the replay put it (:func:`xpuprof.view.simulated.event`; None when it
+    was not replayed)."""
     event_id = integer("id", event_id)
     if event_id < 0:
         raise ViewError(f"event ids are not negative ({event_id})")
@@ -323,13 +325,18 @@ def event(trace: Trace, event_id: Any) -> dict[str, Any]:
     decoded = decode_json(args, default=args)
     track, depth = where(tv, row)
     keep = ("id", "name", "level", "category", "rank", "pid", "tid", "device", "stream")
-    return {
+    doc = {
         **{k: row[k] for k in keep}, "track": track, "depth": depth, "ts": row["ts"],
         "dur": row["dur"], "step": row["step"], "flops": row["flops"], "bytes": row["bytes"],
         "args": {} if decoded is None else decoded,
         "ancestry": ancestry(got, row),
         "flows": event_flows(got, event_id),
     }  # fmt: skip
+    if sim:
+        from xpuprof.view import simulated
+
+        doc["simulated"] = simulated.event(trace, tv, event_id, row)
+    return doc
 
 
 def search(trace: Trace, text: Any, *, limit: Any = 100) -> dict[str, Any]:

@@ -75,10 +75,13 @@ def _discard(path: Path) -> None:
 
 def clean(base: Path, keep: str) -> None:
     """Remove stale tiers (other digests) and temporaries of processes that are gone from the
-    store's own tier folder."""
+    store's own tier folder; the simulated timeline of the digest ``keep``
+    (``keep.replay-…``, ``view/simulated.py``) stays."""
     with contextlib.suppress(OSError):
         for p in base.iterdir():
-            if p.name == keep or not p.is_dir() or p.is_symlink():
+            if p.name == keep or p.name.startswith(keep + ".replay-"):
+                continue
+            if not p.is_dir() or p.is_symlink():
                 continue
             m = TEMP_NAME.match(p.name)
             if m is None:

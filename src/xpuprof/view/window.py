@@ -65,10 +65,15 @@ def integer(name: str, value: Any) -> int:
     raise ViewError(f"{name} must be an integer, not {value!r}")
 
 
-def tracks(trace: Trace) -> dict[str, Any]:
+def tracks(trace: Trace, *, sim: bool = False) -> dict[str, Any]:
     """The trace's span (``t0``, ``t1``: every event and sample lies in ``[t0, t1)``) and its
-    tracks in display order (``docs/view.md``)."""
+    tracks in display order (``docs/view.md``); with ``sim``, each replayed thread and stream
+    followed by its simulated twin (:func:`xpuprof.view.simulated.tracks`)."""
     tv = open_tiers(trace)
+    if sim:
+        from xpuprof.view import simulated
+
+        return simulated.tracks(trace, tv)
     return {"t0": tv.meta["t0"], "t1": tv.meta["t1"], "tracks": [dict(t) for t in tv.public]}
 
 
@@ -284,21 +289,23 @@ def flows(tv: Tiers, ids: np.ndarray, limit: int = FLOW_LIMIT) -> tuple[np.ndarr
     return rows, total
 
 
-def next_scale(dur: np.ndarray, px_ns: float, summaries: int, others: int) -> int:
-    """How many times wider the pixels must be after an answer over ``BUDGET``: the smallest
+def next_scale(dur: np.ndarray, px_ns: float, summaries: int, others: int,
+               budget: int = BUDGET) -> int:  # fmt: skip
+    """How many times wider the pixels must be after an answer over ``budget``: the smallest
     power of two at which the events still a pixel wide, plus the summaries shrunk in
     proportion, fit in it (2 at least)."""
     k = 2
     while k < 1 << 20:
-        if int((dur >= px_ns * k).sum()) + summaries / k + others < BUDGET:
+        if int((dur >= px_ns * k).sum()) + summaries / k + others < budget:
             return k
         k *= 2
     return k
 
 
 def start_scale(tv: Tiers, rows: dict[str, np.ndarray], buckets: Any, ts0: int, ns: float,
-                width: int, n_samples: int, n_counters: int) -> int:  # fmt: skip
-    """The finest pixel scale (1, 2, 4…) at which the answer is likely under ``BUDGET``, so
+                width: int, n_samples: int, n_counters: int,
+                budget: int = BUDGET) -> int:  # fmt: skip
+    """The finest pixel scale (1, 2, 4…) at which the answer is likely under ``budget``, so
     that the summaries are aggregated once, rarely twice, rather than at every scale.
 
     When the rows read cannot exceed the budget, 1. Else the scales are tried from the
@@ -306,7 +313,7 @@ def start_scale(tv: Tiers, rows: dict[str, np.ndarray], buckets: Any, ts0: int, 
     buckets): the events at least a pixel wide are counted, and the summaries estimated on a
     map of lanes × pixels holding one name per occupied pixel (one of its names, standing for
     the dominant one): one summary per run of occupied pixels with that name."""
-    if len(rows["ts"]) + buckets(level_for(tv, ns), count=True) + n_samples < BUDGET:
+    if len(rows["ts"]) + buckets(level_for(tv, ns), count=True) + n_samples < budget:
         return 1
     dense = np.full(int(tv.lane_base[-1]) + 1, -1, np.int64)
 
@@ -322,7 +329,7 @@ def start_scale(tv: Tiers, rows: dict[str, np.ndarray], buckets: Any, ts0: int, 
             return int(wide.sum())
         present = np.unique(lane)
         if len(present) * npx > 20_000_000:
-            return BUDGET  # too large a map: take it as too many
+            return budget  # too large a map: take it as too many
         dense[present] = np.arange(len(present))
         ts = np.concatenate([p["ts"] for p in parts])
         px = np.clip(((ts - ts0) * (1.0 / px_ns)).astype(np.int64), 0, npx - 1)
@@ -334,7 +341,7 @@ def start_scale(tv: Tiers, rows: dict[str, np.ndarray], buckets: Any, ts0: int, 
         return int(wide.sum()) + runs + min(n_samples, 2 * npx * n_counters)
 
     s = 1 << max(0, math.ceil(math.log2(width)))
-    while s > 1 and estimate(s // 2) < BUDGET:
+    while s > 1 and estimate(s // 2) < budget:
         s //= 2
     return s
 
@@ -350,18 +357,76 @@ def _check(ts0: Any, ts1: Any, width_px: Any) -> tuple[int, int, int]:
     return ts0, ts1, width
 
 
-def window(trace: Trace, ts0: Any, ts1: Any, width_px: Any,
-           tracks: Iterable[Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def window(trace: Trace, ts0: Any, ts1: Any, width_px: Any, tracks: Iterable[Any] | None = None,
+           *, sim: bool = False) -> dict[str, Any]:  # fmt: skip
     """What lies in [ts0, ts1) at ``width_px`` pixels, on the tracks asked for (None: all):
     events at least a pixel wide as they are, thinner ones merged per pixel, counters and
-    flows (module docstring; the contract is in ``docs/view.md``).
-
-    Length: the coarsening loop and the answer's four column groups read best in one
-    place."""
+    flows (module docstring; the contract is in ``docs/view.md``). With ``sim``, the tracks
+    are numbered as ``tracks(trace, sim=True)`` numbers them, simulated ones included."""
     start = time.perf_counter()
     ts0, ts1, width = _check(ts0, ts1, width_px)
     tv = open_tiers(trace)
-    sel = select(tv, tracks)
+    if not sim:
+        return answer(tv, ts0, ts1, width, select(tv, tracks), BUDGET, start)
+    from xpuprof.view.simulated import sim_tiers
+
+    st = sim_tiers(trace)
+    n = tv.n_tracks
+    if tracks is None:
+        mine, theirs = select(tv, None), select(st, None)
+    else:
+        if isinstance(tracks, (str, bytes)) or not isinstance(tracks, Iterable):
+            raise ViewError(f"tracks must be a list of track numbers, not {tracks!r}")
+        ids = np.array([integer("track", t) for t in tracks], np.int64)
+        bad = ids[(ids < 0) | (ids >= n + st.n_tracks)]
+        if len(bad):
+            raise NotFound(f"no track {int(bad[0])} in this trace with its simulated tracks "
+                           f"(tracks are 0..{n + st.n_tracks - 1})")  # fmt: skip
+        mine, theirs = np.unique(ids[ids < n]), np.unique(ids[ids >= n] - n)
+    budget = BUDGET // 2 if len(mine) and len(theirs) else BUDGET
+    docs = [answer(tiers, ts0, ts1, width, sel, budget, start)
+            for tiers, sel in ((tv, mine), (st, theirs)) if len(sel)]  # fmt: skip
+    if not docs:  # no track asked for
+        return answer(tv, ts0, ts1, width, mine, BUDGET, start)
+    if len(docs) == 1 and len(mine):
+        return docs[0]
+    if len(docs) == 1:
+        return _shifted(docs[0], n)
+    return _merged(docs[0], _shifted(docs[1], n), start)
+
+
+def _shifted(doc: dict[str, Any], n: int) -> dict[str, Any]:
+    """A simulated window's answer with its track numbers moved after the ``n`` measured."""
+    moved = (("events", ("track",)), ("summaries", ("track",)), ("counters", ("track",)),
+             ("flows", ("src_track", "dst_track")))  # fmt: skip
+    for block, keys in moved:
+        for k in keys:
+            doc[block][k] = [t + n for t in doc[block][k]]
+    doc["tier"] = "simulated: " + doc["tier"]
+    return doc
+
+
+def _merged(a: dict[str, Any], b: dict[str, Any], start: float) -> dict[str, Any]:
+    """The measured and the simulated answers of one window as one."""
+    out = dict(a)
+    for block in ("events", "summaries", "counters", "flows"):
+        out[block] = {k: a[block][k] + b[block].get(k, []) for k in a[block]}
+    out["flows_total"] = a["flows_total"] + b["flows_total"]
+    out["flows_cut"] = a["flows_cut"] or b["flows_cut"]
+    out["items"] = a["items"] + b["items"]
+    out["summary_px"] = max(a["summary_px"], b["summary_px"])
+    out["tier"] = f"{a['tier']}; {b['tier']}"
+    out["elapsed_ms"] = round((time.perf_counter() - start) * 1000, 3)
+    return out
+
+
+def answer(tv: Tiers, ts0: int, ts1: int, width: int, sel: np.ndarray, budget: int,
+           start: float) -> dict[str, Any]:  # fmt: skip
+    """:func:`window` on one set of tiers, the tracks ``sel`` (checked), in fewer than
+    ``budget`` items.
+
+    Length: the coarsening loop and the answer's four column groups read best in one
+    place."""
     is_counter = tv.kind[sel] == "counter"
     sel_ev, sel_ct = sel[~is_counter], sel[is_counter]
     ns = (ts1 - ts0) / width
@@ -377,7 +442,7 @@ def window(trace: Trace, ts0: Any, ts1: Any, width_px: Any,
         return got[lv]
 
     s = start_scale(tv, rows, buckets, ts0, ns, width, count_samples(tv, sel_ct, ts0, ts1),
-                    len(sel_ct))  # fmt: skip
+                    len(sel_ct), budget)  # fmt: skip
     while True:
         px_ns, npx = ns * s, math.ceil(width / s)
         level = level_for(tv, px_ns)
@@ -387,11 +452,11 @@ def window(trace: Trace, ts0: Any, ts1: Any, width_px: Any,
         sm = summarise(tv, parts, ts0, px_ns, npx)
         ct = counters(tv, sel_ct, ts0, ts1, px_ns, npx)
         ev_rows = np.flatnonzero(wide)
-        fl, n_flows = flows(tv, rows["id"][ev_rows])
+        fl, n_flows = flows(tv, rows["id"][ev_rows], FLOW_LIMIT * budget // BUDGET)
         items = len(ev_rows) + len(sm["ts"]) + len(ct["ts"]) + len(fl)
-        if items < BUDGET or npx <= 1:
+        if items < budget or npx <= 1:
             break
-        s *= next_scale(rows["dur"], ns * s, len(sm["ts"]), len(ct["ts"]) + len(fl))
+        s *= next_scale(rows["dur"], ns * s, len(sm["ts"]), len(ct["ts"]) + len(fl), budget)
     tv.trim()
     order = ev_rows[np.lexsort((rows["ts"][ev_rows], rows["track"][ev_rows]))]
     ev = {c: rows[c][order] for c in rows}

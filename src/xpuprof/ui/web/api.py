@@ -56,11 +56,15 @@ def _typed(option: tools.Option, text: str) -> Any:
 def tool_options(tool: tools.Tool, query: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """The tool's keywords from the query string, typed as its options say; an unknown or
     malformed parameter is a :class:`BadRequest`. Empty values are left to the default."""
-    known = {o.name: o for o in (*(tools.COMMON[c] for c in tool.common), *tool.options)}
+    known = {o.name: o for o in (*(tools.COMMON[c] for c in tool.common), *tool.served())}
+    local = {o.name for o in tool.options if o.local}
     out: dict[str, Any] = {}
     for key, text in query.multi_items():
         if key in RESERVED or key in skip or text == "":
             continue
+        if key in local:
+            raise BadRequest(f"{tool.name}: {key} writes files on the server; the web UI "
+                             "only reads (use the command line)")  # fmt: skip
         if key not in known:
             raise BadRequest(f"{tool.name} has no option {key!r}; it takes "
                              f"{', '.join(known) or 'none'}")  # fmt: skip
@@ -84,6 +88,17 @@ def _int(query: Any, name: str, lo: int | None = None, hi: int | None = None,
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise BadRequest(f"{name}: {value} is out of range ({lo} to {hi})")
     return value
+
+
+def _flag(query: Any, name: str) -> bool:
+    """A yes/no parameter: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``
+    (absent or empty: no)."""
+    text = (query.get(name) or "").strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise BadRequest(f"{name}: not true or false: {text[:40]!r}")
 
 
 def _int_list(text: str | None, name: str) -> list[int] | None:
@@ -175,12 +190,14 @@ def _view_routes(app: FastAPI, web: Web) -> None:
 
     @app.get("/api/s/{store}/view/tracks")
     async def tracks_api(request: Request, store: str) -> Response:
+        sim = _flag(request.query_params, "sim")
+
         def run(s: list[OpenStore], tr: list[Any]) -> dict[str, Any]:
-            doc = timebase.tracks(tools.viewer_tracks(tr[0]))
+            doc = timebase.tracks(tools.viewer_tracks(tr[0], sim=sim))
             s[0].values["origin"] = doc["origin"]
             return doc
 
-        return await web.work(request, [store], "view", ("tracks",), run)
+        return await web.work(request, [store], "view", ("tracks", sim), run)
 
     @app.get("/api/s/{store}/view/window")
     async def window_api(request: Request, store: str) -> Response:
@@ -188,12 +205,13 @@ def _view_routes(app: FastAPI, web: Web) -> None:
         ts0, ts1 = _int(q, "ts0"), _int(q, "ts1")
         width = _int(q, "width", 1, MAX_WIDTH)
         wanted = _int_list(q.get("tracks"), "tracks")
+        sim = _flag(q, "sim")
         if ts1 <= ts0:
             raise BadRequest(f"ts1 ({ts1}) must be after ts0 ({ts0})")
 
         def run(s: list[OpenStore], tr: list[Any]) -> dict[str, Any]:
             origin = _origin(s[0], tr[0])
-            doc = tools.viewer_window(tr[0], ts0 + origin, ts1 + origin, width, wanted)
+            doc = tools.viewer_window(tr[0], ts0 + origin, ts1 + origin, width, wanted, sim=sim)
             return timebase.window(doc, origin)
 
         return await web.work(request, [store], "view", None, run)
@@ -204,11 +222,12 @@ def _view_routes(app: FastAPI, web: Web) -> None:
             eid = int(event_id)
         except ValueError:
             raise BadRequest(f"not an event id: {event_id[:40]!r}") from None
+        sim = _flag(request.query_params, "sim")
 
         def run(s: list[OpenStore], tr: list[Any]) -> dict[str, Any]:
-            return timebase.event(tools.viewer_event(tr[0], eid), _origin(s[0], tr[0]))
+            return timebase.event(tools.viewer_event(tr[0], eid, sim=sim), _origin(s[0], tr[0]))
 
-        return await web.work(request, [store], "view", ("event", eid), run)
+        return await web.work(request, [store], "view", ("event", eid, sim), run)
 
     @app.get("/api/s/{store}/view/search")
     async def search_api(request: Request, store: str) -> Response:

@@ -6,7 +6,7 @@ the generic page (its tables and charts) without any entry.
 
 Renderers (``static/app.js``): ``tool`` (the generic page: headline, charts, every table
 sortable and filterable, notes), ``overview``, ``viewer``, ``hierarchy``, ``critical_path``,
-``diff`` and ``multirank``. A renderer the browser does not know draws as ``tool``.
+``replay``, ``diff`` and ``multirank``. A renderer the browser does not know draws as ``tool``.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ PAGES: tuple[Page, ...] = (
     Page("comm", "Communication", "comm"),
     Page("input", "Input", "input"),
     Page("critical-path", "Critical path", "critical-path", renderer="critical_path"),
+    Page("replay", "Replay", "replay", renderer="replay",
+         help="The trace replayed on its dependency graph: simulated vs measured step time, "
+              "edges per kind, what could not be modelled, the largest deviations."),
     Page("diff", "Diff", "diff", renderer="diff",
          help="This store against another store of the directory."),
     Page("multirank", "Multi-rank", "overview", renderer="multirank",
@@ -68,7 +71,7 @@ def controls(tool_name: str | None) -> list[dict[str, Any]]:
     if tool_name is None:
         return []
     tool = tools.get(tool_name)
-    opts = [tools.COMMON[c] for c in tool.common] + list(tool.options)
+    opts = [tools.COMMON[c] for c in tool.common] + list(tool.served())
     return [{"name": o.name, "help": o.help, "type": o.type.__name__,
              "default": o.default if isinstance(o.default, (bool, int, float, str)) else None}
             for o in opts]  # fmt: skip

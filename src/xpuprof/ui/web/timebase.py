@@ -38,9 +38,11 @@ def _stamp(doc: dict[str, Any], origin: int) -> dict[str, Any]:
 
 
 def tracks(doc: dict[str, Any]) -> dict[str, Any]:
-    """``viewer_tracks``: its ``t0`` becomes the origin (0), ``t1`` the span."""
-    origin = int(doc.get("t0") or 0)
-    doc["t0"], doc["t1"] = 0, int(doc.get("t1") or origin) - origin
+    """``viewer_tracks``: its ``origin`` (with simulated tracks: the measured ``t0``), else its
+    ``t0``, becomes 0; ``t0`` and ``t1`` are then times from it."""
+    t0 = int(doc.get("t0") or 0)
+    origin = int(doc["origin"]) if doc.get("origin") is not None else t0
+    doc["t0"], doc["t1"] = t0 - origin, int(doc.get("t1") or t0) - origin
     return _stamp(doc, origin)
 
 
@@ -55,8 +57,9 @@ def window(doc: dict[str, Any], origin: int) -> dict[str, Any]:
 
 
 def event(doc: dict[str, Any], origin: int) -> dict[str, Any]:
-    """``viewer_event``: the event, its ancestry and its flows."""
+    """``viewer_event``: the event, its simulated place, its ancestry and its flows."""
     _rows([doc], origin)
+    _rows([doc["simulated"]] if doc.get("simulated") else (), origin)
     _rows(doc.get("ancestry") or (), origin)
     _rows(doc.get("flows") or (), origin)
     return _stamp(doc, origin)

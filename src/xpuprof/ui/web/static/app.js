@@ -464,6 +464,29 @@
     done(ctx);
   }
 
+  /** The replay: simulated vs measured per step (chart and tables), edges per kind, what was
+   * not modelled, the largest deviations; links open the viewer with the simulated tracks. */
+  async function replayPage(ctx) {
+    ctx.main.append(pageHeader(ctx));
+    ctx.main.append(el('p', {}, el('a', {class: 'xp-button', id: 'xp-replay-show', href: '#/viewer?sim=1',
+                                         text: 'show the simulated timeline in the viewer'})));
+    const wait = loading(ctx, 'Replaying…');
+    const data = await fetchTool(ctx, ctx.page.tool);
+    wait.remove();
+    const box = renderResult(data);
+    // an event of the replay is best seen beside its simulated twin
+    box.querySelectorAll('a.xp-show').forEach(a => { a.setAttribute('href', `${a.getAttribute('href')}&sim=1`); });
+    // an empty table of the replay is good news: say so rather than "(no rows)"
+    const EMPTY = {unmodelled: 'nothing: every replayed event was modelled',
+                   deviations: 'none: every simulated start is its measured start'};
+    for (const [name, text] of Object.entries(EMPTY)) {
+      const note = box.querySelector(`section[data-table="${name}"] .xp-note`);
+      if (note && note.textContent === '(no rows)') note.textContent = text;
+    }
+    ctx.main.append(box);
+    done(ctx);
+  }
+
   async function diffPage(ctx) {
     ctx.main.append(pageHeader(ctx));
     const others = cfg.stores.filter(s => s !== cfg.store);
@@ -674,6 +697,7 @@
     overview: overviewPage,
     multirank: multirankPage,
     critical_path: criticalPathPage,
+    replay: replayPage,
     diff: diffPage,
     hierarchy: hierarchyPage,
     viewer: ctx => window.xpuprofViewerPage(ctx),

@@ -5,6 +5,11 @@
  * wire are ns from the trace's first event (exact in a JavaScript number). Names are drawn
  * with fillText or put in the page with textContent: never as HTML.
  *
+ * With "simulated" on (``sim=1`` in the address) the replay's simulated timeline is drawn
+ * too: after each replayed thread and stream, a track "sim: <name>" (tinted) holding the same
+ * events at their simulated times; a click on one shows the event with its simulated start,
+ * duration and deviation, and both places are outlined.
+ *
  * Keys (canvas focused): W/S zoom in/out, A/D pan, arrows scroll, F fit the selection,
  * 0 the whole trace, Esc clear the selection. Mouse: wheel zooms at the pointer (shift+wheel
  * or wheel over the track names scrolls), drag pans, click selects.
@@ -73,6 +78,7 @@
       contentH: 0, view: {ts0: 0, ts1: 1}, scrollY: 0, data: null, index: new Map(),
       selected: null, highlight: new Map(), overlays: null, cp: params.get('cp') === '1',
       findings: params.get('fd') === '1', flows: params.get('flows') !== '0',
+      sim: params.get('sim') === '1',
       ctrl: null, timer: null, pending: 0, requests: 0, errors: 0, lastQueryMs: null,
       serverMs: null, drawnItems: 0, queries: [], hover: null, w: 0, h: 0,
     };
@@ -90,6 +96,10 @@
       get items() { return S.data ? S.data.items : 0; },
       get origin() { return S.tracks ? S.tracks.origin_text : null; },
       get tracks() { return S.tracks ? S.tracks.tracks.length : 0; },
+      get sim() { return S.sim; },
+      get simTracks() { return S.tracks ? S.tracks.tracks.filter(t => t.sim).length : 0; },
+      /** Turn the simulated tracks on or off (what the checkbox does). */
+      setSim: on => setSim(on),
       get overlayError() { return S.overlayError || null; },
       get overlays() {
         const o = S.overlays;
@@ -99,8 +109,9 @@
       pan: f => panBy(f * span()),
       setWindow: (a, b) => setView(a, b),
       select: id => selectId(id, true),
-      /** Where on the canvas (CSS px) the event drawn with this id is: for tests. */
-      locate: id => locate(id),
+      /** Where on the canvas (CSS px) the event drawn with this id is (on ``track`` when
+       * given: its simulated span is drawn with the same id): for tests. */
+      locate: (id, track) => locate(id, track),
     };
 
     // --------------------------------------------------------------------- DOM
@@ -110,12 +121,15 @@
     const cpBox = el('input', {type: 'checkbox', id: 'xp-ov-cp', checked: S.cp});
     const fdBox = el('input', {type: 'checkbox', id: 'xp-ov-findings', checked: S.findings});
     const flowBox = el('input', {type: 'checkbox', id: 'xp-ov-flows', checked: S.flows});
+    const simBox = el('input', {type: 'checkbox', id: 'xp-ov-sim', checked: S.sim});
     const status = el('span', {class: 'xp-status', id: 'xp-viewer-status'});
     const toolbar = el('div', {class: 'xp-toolbar'},
       el('div', {class: 'xp-search-box'}, search, results),
       el('label', {title: 'outline the critical path'}, cpBox, ' critical path'),
       el('label', {title: "outline the advisor's findings"}, fdBox, ' findings'),
       el('label', {title: 'arrows from launches to kernels'}, flowBox, ' flows'),
+      el('label', {title: "the replay's simulated timeline: a track beside each replayed thread and stream"},
+         simBox, ' simulated'),
       el('button', {type: 'button', id: 'xp-zoom-in', title: 'zoom in (W)', text: '+'}),
       el('button', {type: 'button', id: 'xp-zoom-out', title: 'zoom out (S)', text: '−'}),
       el('button', {type: 'button', id: 'xp-zoom-fit', title: 'the whole trace (0)', text: 'fit'}),
@@ -242,6 +256,7 @@
       const q = {ts0: Math.floor(S.view.ts0), ts1: Math.ceil(S.view.ts1), width: Math.floor(plotW())};
       if (q.ts1 <= q.ts0) q.ts1 = q.ts0 + 1;
       if (visible.length < all) q.tracks = visible.join(',');
+      if (S.sim) q.sim = 1;
       if (!visible.length) { S.data = null; draw(); return; }
       S.pending++;
       S.requests++;
@@ -312,11 +327,11 @@
           g.fillText(`${S.collapsed.has(r.group) ? '▸' : '▾'} ${clipText(r.label, W - 20)}`, 6, y + r.h / 2);
           g.font = '11px system-ui, sans-serif';
         } else {
-          g.fillStyle = (r.t.track % 2) ? '#fafbfd' : '#f3f5f9';
+          g.fillStyle = r.t.sim ? '#f6f1fb' : (r.t.track % 2) ? '#fafbfd' : '#f3f5f9';
           g.fillRect(GUTTER, y, W - GUTTER, r.h);
-          g.fillStyle = '#f7f7f7';
+          g.fillStyle = r.t.sim ? '#ede4f7' : '#f7f7f7';
           g.fillRect(0, y, GUTTER, r.h);
-          g.fillStyle = '#333';
+          g.fillStyle = r.t.sim ? '#5b2d8a' : '#333';
           g.fillText(clipText(r.t.label, GUTTER - 16), 14, y + Math.min(r.h, LANE) / 2);
         }
       }
@@ -468,6 +483,7 @@
     function paintMarks() {
       for (const ev of S.highlight.values()) if (ev) outline(ev, '#f0a000', 3);
       if (S.selected) outline(S.selected, '#000', 2);
+      if (S.selected && S.selected.simulated && S.sim) outline(S.selected.simulated, '#7a3db8', 2, [5, 3]);
     }
 
     function paintAxis() {
@@ -533,10 +549,13 @@
       return S.rows.find(r => contentY >= r.y && contentY < r.y + r.h) || null;
     }
 
-    function locate(id) {
+    function locate(id, track) {
       const ev = S.data && S.data.events;
       if (!ev) return null;
-      const i = ev.id.indexOf(id);
+      let i = -1;
+      for (let k = 0; k < ev.id.length && i < 0; k++) {
+        if (ev.id[k] === id && (track === undefined || ev.track[k] === track)) i = k;
+      }
       if (i < 0) return null;
       const y = laneY(ev.track[i], ev.depth[i]);
       const x0 = Math.max(GUTTER, xOf(ev.ts[i]));
@@ -546,19 +565,21 @@
     }
 
     // -------------------------------------------------------------- selection
-    async function selectId(id, jump) {
+    async function selectId(id, jump, track) {
       S.selected = Object.assign({id}, S.selected && S.selected.id === id ? S.selected : {});
       panel.replaceChildren(el('p', {class: 'xp-loading', text: 'Loading the event…'}));
       let e;
       try {
-        e = await api(X.storeApi(`view/event/${encodeURIComponent(id)}`), null, ctx.abort.signal);
+        e = await api(X.storeApi(`view/event/${encodeURIComponent(id)}`), S.sim ? {sim: 1} : null,
+                      ctx.abort.signal);
       } catch (err) {
         if (err.name === 'AbortError') return;
         panel.replaceChildren(el('p', {class: 'xp-error', text: err.message}));
         return;
       }
       S.selected = e;
-      showEvent(e);
+      const onSim = track !== undefined && S.byId.get(track) && S.byId.get(track).sim;
+      showEvent(e, onSim);
       if (jump) reveal(e);
       draw();
       saveHash();
@@ -602,7 +623,7 @@
       return b;
     }
 
-    function showEvent(e) {
+    function showEvent(e, onSim) {
       const dl = el('dl', {class: 'xp-fields', id: 'xp-event-fields'});
       field(dl, 'id', e.id);
       field(dl, 'level', e.level);
@@ -618,6 +639,16 @@
       field(dl, 'start', `${fmtNs(e.ts)} from the first event`);
       field(dl, 'duration', e.dur === null ? 'instant' : fmtNs(e.dur));
       field(dl, 'dur_ns', e.dur);
+      const sim = e.simulated;
+      if (S.sim && sim) {
+        const sign = v => (v > 0 ? '+' : v < 0 ? '−' : '±') + fmtNs(Math.abs(v));
+        field(dl, 'simulated start', `${fmtNs(sim.ts)} from the first event`);
+        field(dl, 'simulated duration', fmtNs(sim.dur));
+        field(dl, 'start deviation', sign(sim.start_deviation_ns));
+        field(dl, 'duration change', sign(sim.duration_change_ns));
+      } else if (S.sim && 'simulated' in e) {
+        field(dl, 'simulated', 'not replayed');
+      }
       field(dl, 'step', e.step);
       field(dl, 'flops', e.flops);
       field(dl, 'bytes', e.bytes);
@@ -639,6 +670,7 @@
       }
       panel.replaceChildren(
         el('h2', {id: 'xp-event-name', text: e.name}),
+        onSim ? el('p', {class: 'xp-dim', id: 'xp-event-sim', text: 'simulated span of this event (the fields are the measured event\'s)'}) : '',
         el('p', {}, el('button', {type: 'button', class: 'xp-link', id: 'xp-focus', text: 'zoom to it (F)',
                                   onclick: () => focusSelected()})),
         dl,
@@ -719,6 +751,7 @@
         if (S.cp) p.set('cp', '1');
         if (S.findings) p.set('fd', '1');
         if (!S.flows) p.set('flows', '0');
+        if (S.sim) p.set('sim', '1');
         history.replaceState(null, '', `#/viewer?${p}`);
       }, 250);
     }
@@ -773,7 +806,7 @@
       if (d.moved) return;
       const h = hit(d.x, d.y);
       if (!h) return;
-      if (h.kind === 'event') selectId(h.id, false);
+      if (h.kind === 'event') selectId(h.id, false, h.track);
       else setView(h.ts - h.dur * 0.5, h.ts + h.dur * 1.5);
     }
     canvas.addEventListener('wheel', e => {
@@ -810,6 +843,32 @@
     cpBox.addEventListener('change', () => { S.cp = cpBox.checked; layout(); loadOverlays(); saveHash(); });
     fdBox.addEventListener('change', () => { S.findings = fdBox.checked; loadOverlays(); saveHash(); if (S.findings) showFindings(); });
     flowBox.addEventListener('change', () => { S.flows = flowBox.checked; draw(); saveHash(); });
+    simBox.addEventListener('change', () => setSim(simBox.checked));
+
+    function simError(message) {
+      panel.replaceChildren(el('p', {class: 'xp-error', id: 'xp-sim-error', text: `no simulated tracks: ${message}`}));
+    }
+
+    /** Show or hide the simulated tracks: the tracks are asked again (with or without them),
+     * the window kept. */
+    async function setSim(on) {
+      S.sim = !!on;
+      simBox.checked = S.sim;
+      saveHash();
+      try {
+        await loadTracks();
+      } catch (e) {
+        if (e.name === 'AbortError') return;
+        S.errors++;
+        simError(e.message);
+        S.sim = false;
+        simBox.checked = false;
+        return;
+      }
+      if (S.selected && S.selected.id !== undefined) selectId(S.selected.id, false);
+      draw();
+      schedule();
+    }
 
     let searchTimer = null;
     let searchCtrl = null;
@@ -848,10 +907,17 @@
     const observer = new ResizeObserver(() => { if (resize()) { layout(); draw(); schedule(); } });
 
     // --------------------------------------------------------------------- start
-    async function start() {
-      resize();
-      const doc = await api(X.storeApi('view/tracks'), null, ctx.abort.signal);
+    /** The tracks (with the simulated ones when S.sim), grouped, laid out. */
+    async function loadTracks() {
+      S.pending++;
+      let doc;
+      try {
+        doc = await api(X.storeApi('view/tracks'), S.sim ? {sim: 1} : null, ctx.abort.signal);
+      } finally {
+        S.pending--;
+      }
       S.tracks = doc;
+      S.byId = new Map();
       const groups = new Map();
       for (const t of doc.tracks) {
         S.byId.set(t.track, t);
@@ -859,7 +925,22 @@
         groups.get(t.group).tracks.push(t);
       }
       S.groups = [...groups.values()];
+      S.data = null;
       layout();
+    }
+
+    async function start() {
+      resize();
+      try {
+        await loadTracks();
+      } catch (e) {
+        if (!S.sim || e.name === 'AbortError') throw e;
+        S.sim = false;  // the replay failed: show the measured tracks and say why
+        simBox.checked = false;
+        await loadTracks();
+        simError(e.message);
+        S.errors++;
+      }
       observer.observe(stage);
       const ts0 = Number(params.get('ts0')), ts1 = Number(params.get('ts1'));
       const ids = (params.get('ids') || '').split(',').map(Number).filter(Number.isInteger).filter(x => x > 0 || x === 0);
