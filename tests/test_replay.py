@@ -424,3 +424,26 @@ def test_work_that_started_after_a_long_launch_call_waits_for_its_return(tmp_pat
         call = int(t.sql("select id from events where name = 'cudaLaunchKernel'")["id"][0])
         ev = replay(t, costs=Scaled(0.5, kinds=("host_work",), events=[call])).events()
         assert ev.set_index("name").loc["k", "sim_ts"] / US == 1515
+
+
+def test_a_cycle_in_a_graph_is_cut_and_reported_not_looped_on(tmp_path):
+    """A contradictory dependency added to the device-bound graph — the last kernel's end
+    before the first launch call's start — closes a cycle (launch → kernels → that edge → the
+    launch). The engine cuts it, names the edge, and schedules the rest as measured."""
+    import dataclasses
+
+    with xpuprof.load(_device_bound(tmp_path)) as t:
+        g = replay(t).graph
+        names = replay(t).events().set_index("id")["name"]
+        node_name = [names.get(e, "") for e in g.nodes.event]
+        k3_end = next(i for i, n in enumerate(node_name) if n == "k3" and g.nodes.kind[i] == 3)
+        call0 = next(i for i, n in enumerate(node_name)
+                     if n == "cudaLaunchKernel" and g.nodes.kind[i] == 0)  # fmt: skip
+        e = g.edges
+        bad = dataclasses.replace(e, **{f.name: np.r_[getattr(e, f.name), v] for f, v in zip(
+            dataclasses.fields(e), (k3_end, call0, 5, 0, 0, False, False, -1), strict=True)})
+        sched = run(dataclasses.replace(g, edges=bad))
+        assert len(sched.cycles) == 1
+        cross = np.flatnonzero(~bad.timeline)
+        assert len(e.src) in cross[sched.cycles[0]]  # the added edge is on the cycle cut
+        assert (sched.time == g.aligned).all()
