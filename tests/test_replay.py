@@ -440,8 +440,15 @@ def test_a_cycle_in_a_graph_is_cut_and_reported_not_looped_on(tmp_path):
         call0 = next(i for i, n in enumerate(node_name)
                      if n == "cudaLaunchKernel" and g.nodes.kind[i] == 0)  # fmt: skip
         e = g.edges
-        bad = dataclasses.replace(e, **{f.name: np.r_[getattr(e, f.name), v] for f, v in zip(
-            dataclasses.fields(e), (k3_end, call0, 5, 0, 0, False, False, -1), strict=True)})
+        bad = dataclasses.replace(
+            e,
+            **{
+                f.name: np.r_[getattr(e, f.name), v]
+                for f, v in zip(
+                    dataclasses.fields(e), (k3_end, call0, 5, 0, 0, False, False, -1), strict=True
+                )
+            },
+        )
         sched = run(dataclasses.replace(g, edges=bad))
         assert len(sched.cycles) == 1
         cross = np.flatnonzero(~bad.timeline)
