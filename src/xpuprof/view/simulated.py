@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,7 +107,7 @@ def _clean(base: Path, keep: str) -> None:
     with contextlib.suppress(OSError):
         for p in base.iterdir():
             if p.name != keep and p.name.startswith(digest + ".replay-") and p.is_dir():
-                tr._discard(p)
+                tr.discard(p)
 
 
 def _ids_in(col: pa.ChunkedArray | pa.Array, ids: np.ndarray) -> np.ndarray:
@@ -176,22 +175,7 @@ def sim_trace(trace: Trace) -> Trace:
     store found damaged is built again once."""
     from xpuprof.trace.trace import Trace
 
-    key = ("view", "sim")
-    got = trace.memo.get(key)
-    if got is not None:
-        return got
-    lock = trace.memo.setdefault(("view", "sim-lock"), threading.Lock())
-    with lock:
-        got = trace.memo.get(key)
-        if got is None:
-            path = locate(trace)
-            try:
-                got = Trace(path)
-            except StoreError:
-                tr._discard(path)
-                got = Trace(locate(trace))
-            trace.memo[key] = got
-    return got
+    return tr.built_once(trace, "sim", locate, Trace, (StoreError,))
 
 
 def sim_tiers(trace: Trace) -> Tiers:

@@ -32,6 +32,8 @@ from xpuprof.view import build as bd
 from xpuprof.view.levels import SUM_COLUMNS
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from xpuprof.trace.trace import Trace
 
 #: The folder inside a store that holds its tiers.
@@ -63,7 +65,7 @@ def places(trace: Trace) -> list[Path]:
     return [trace.path / FOLDER, cache_root()]
 
 
-def _discard(path: Path) -> None:
+def discard(path: Path) -> None:
     """Remove a folder: renamed away first, so no reader ever finds it half-deleted."""
     try:
         gone = path.parent / temp_name(path.name)
@@ -85,7 +87,7 @@ def clean(base: Path, keep: str) -> None:
                 continue
             m = TEMP_NAME.match(p.name)
             if m is None:
-                _discard(p)
+                discard(p)
             elif abandoned(p.name):
                 shutil.rmtree(p, ignore_errors=True)
 
@@ -251,10 +253,35 @@ class Tiers:
 def open_tiers(trace: Trace) -> Tiers:
     """The tiers of a store, built on first use and kept on the Trace (``trace.memo``); a
     folder that was damaged or deleted meanwhile is built again once."""
-    key = ("view", "tiers")
+    return built_once(trace, "tiers", locate, Tiers, (OSError, ValueError, KeyError))
+
+
+def built_once(
+    trace: Trace,
+    name: str,
+    find: Callable[[Trace], Path],
+    open_: Callable[[Path], Any],
+    errors: tuple[type[BaseException], ...],
+) -> Any:
+    """``open_(find(trace))`` once per Trace (kept on ``trace.memo`` under ``("view", name)``,
+    one builder at a time); a folder ``open_`` finds damaged (``errors``) is discarded and
+    built again once."""
+    key = ("view", name)
     got = trace.memo.get(key)
     if got is not None:
         return got
+    lock = trace.memo.setdefault(("view", f"{name}-lock"), threading.Lock())
+    with lock:
+        got = trace.memo.get(key)
+        if got is None:
+            path = find(trace)
+            try:
+                got = open_(path)
+            except errors:
+                discard(path)
+                got = open_(find(trace))
+            trace.memo[key] = got
+    return got
     lock = trace.memo.setdefault(("view", "lock"), threading.Lock())
     with lock:
         got = trace.memo.get(key)
@@ -263,7 +290,7 @@ def open_tiers(trace: Trace) -> Tiers:
             try:
                 got = Tiers(path)
             except (OSError, ValueError, KeyError):
-                _discard(path)
+                discard(path)
                 got = Tiers(locate(trace))
             trace.memo[key] = got
     return got
