@@ -271,8 +271,9 @@ def _compare(trace: Trace, g: ReplayGraph, sched: engine.Schedule, top: int) -> 
         notes.append("no profiler steps in the replayed window: errors are of each rank's span "
                      "(first start to last end)")  # fmt: skip
     counts = g.edge_counts()
-    edges = pd.DataFrame({"kind": list(EDGE_KINDS), "edges": [counts[k] for k in EDGE_KINDS],
-                          "meaning": [EDGE_MEANING[k] for k in EDGE_KINDS]})  # fmt: skip
+    kinds = list(EDGE_KINDS) if len(nodes) else []  # nothing replayed: no table of zeros
+    edges = pd.DataFrame({"kind": kinds, "edges": [counts[k] for k in kinds],
+                          "meaning": [EDGE_MEANING[k] for k in kinds]})  # fmt: skip
     unmodelled = _unmodelled(trace, g)
     for cycle in sched.cycles:
         ev = sorted(
