@@ -105,6 +105,9 @@ class Replay:
             )
         tables = {"summary": self.summary, "steps": self.steps, "edges": self.edges,
                   "unmodelled": self.unmodelled, "deviations": self.deviations}  # fmt: skip
+        if not np.isin(self.graph.nodes.kind, (DEVICE_START, DEVICE_END)).any():
+            with_device = [c for c in STEP_COLUMNS if c.startswith("with_device")]
+            tables["steps"] = self.steps.drop(columns=with_device)  # the host steps again
         ranks = list(self.graph.ranks.values())
         if None not in ranks and len(set(ranks)) == len(ranks):  # part says nothing more
             tables = {k: v.drop(columns="part", errors="ignore") for k, v in tables.items()}
