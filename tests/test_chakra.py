@@ -33,6 +33,7 @@ from xpuprof.export.chakra import (
 )
 from xpuprof.formats.proto import et_def_pb2 as pb
 from xpuprof.sim import replay
+from xpuprof.sim.graph import EDGE_KINDS
 
 # -- a synthetic 2-rank job, by hand ------------------------------------------------------------
 
@@ -181,16 +182,31 @@ def _expected(rp) -> tuple[dict[int, int], set[tuple[int, int]]]:
                 deps.add((u, v))
             else:  # the second point of an event: its end, which passes on
                 stack.extend(out.get(q, ()))
-    return dict(per_part), deps
+    # host gaps: a node between the two top-level events (u → gap → v instead of u → v)
+    gaps = set()
+    gap = EDGE_KINDS.index("host_gap")
+    time = g.nodes.time.tolist()
+    for s, t, k in zip(g.edges.src.tolist(), g.edges.dst.tolist(), g.edges.kind.tolist(),
+                       strict=True):  # fmt: skip
+        if k == gap and event[s] >= 0 and event[t] >= 0 and event[s] != event[t] \
+                and time[t] > time[s]:
+            gaps.add((event[s], event[t]))
+            per_part[part[t]] += 1
+    return dict(per_part), deps, gaps
 
 
 def _round_trip(trace, tmp: Path) -> None:
     rp = replay(trace)
-    per_part, deps = _expected(rp)
+    per_part, deps, gaps = _expected(rp)
     nodes, edges = chakra_tables(rp)
     data = edges[edges["dep"] == "data"]
-    assert set(zip(data["src"], data["dst"], strict=True)) == deps
-    assert len(data) == len(deps)  # each pair once
+    gap_ids = set(nodes.loc[nodes["name"] == "[host gap]", "id"])
+    into = dict(zip(data["dst"], data["src"], strict=True))
+    out_of = dict(zip(data["src"], data["dst"], strict=True))
+    assert {(into[g], out_of[g]) for g in gap_ids} == gaps
+    plain = data[~data["src"].isin(gap_ids) & ~data["dst"].isin(gap_ids)]
+    assert set(zip(plain["src"], plain["dst"], strict=True)) == deps - gaps
+    assert len(data) == len(deps - gaps) + 2 * len(gaps)  # each pair once
     paths = write_chakra(nodes, edges, tmp)
     assert len(paths) == len(per_part)
     n_data = n_ctrl = 0
@@ -206,8 +222,10 @@ def _round_trip(trace, tmp: Path) -> None:
         n_data += sum(len(n.data_deps) for n in read)
         n_ctrl += sum(len(n.ctrl_deps) for n in read)
     assert seen_parts == per_part
-    assert per_part == rp.events().groupby("part").size().to_dict()
-    assert n_data == len(deps)
+    n_gaps = nodes[nodes["name"] == "[host gap]"].groupby("part").size()
+    events = rp.events().groupby("part").size()
+    assert per_part == events.add(n_gaps, fill_value=0).astype(int).to_dict()
+    assert n_data == len(data)
     assert n_ctrl == (edges["dep"] == "ctrl").sum()
 
 

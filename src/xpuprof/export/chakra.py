@@ -30,6 +30,9 @@ The mapping, from a :class:`xpuprof.sim.Replay` (its graph of start/end points):
   end runs against the parent's start → the child's start). Rendezvous points are virtual: a
   collective's cross-rank edges give no dependency; ranks meet through their
   ``COMM_COLL_NODE`` nodes with equal ``pg_name``, as Chakra intends.
+* **host gaps**: the time between top-level host events (``host_gap`` edges: Python, dispatch)
+  becomes a ``[host gap]`` CPU node of its own between the two events, so a simulator spends
+  it too (:func:`_with_host_gaps`).
 * **ctrl_deps** (Chakra's caller → callee relation, which simulators do not schedule by): a host
   event's enclosing host event on its thread, a device event's launching runtime call.
 
@@ -157,7 +160,48 @@ def chakra_tables(
             "via": np.r_[names[d_kind], np.where(is_host[c], "parent", "launch").astype(object)],
         }
     )
-    return nodes, edges[EDGE_COLUMNS]
+    point_time = graph.nodes.time if times == "measured" else rp.time
+    return _with_host_gaps(nodes, edges[EDGE_COLUMNS], ev, p_row, src, dst, kind, point_time)
+
+
+def _with_host_gaps(
+    nodes: pd.DataFrame, edges: pd.DataFrame, ev: pd.DataFrame, p_row: np.ndarray,
+    src: np.ndarray, dst: np.ndarray, kind: np.ndarray, point_time: np.ndarray,
+) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """The host time between top-level host events (the replay graph's ``host_gap`` edges:
+    Python, dispatch) as nodes of their own — ``[host gap]``, a CPU ``COMP_NODE`` lasting the
+    gap — between the event before and the one after (``u → gap → v`` replaces ``u → v``), so
+    a simulator fed the file spends that time too. Ids follow the largest event id."""
+    names = np.asarray(_edge_kind_names(), object)
+    g = np.flatnonzero(names[kind] == "host_gap")
+    u, v = p_row[src[g]], p_row[dst[g]]
+    length = point_time[dst[g]] - point_time[src[g]]
+    ok = (u >= 0) & (v >= 0) & (u != v) & (length > 0)
+    g, u, v, length = g[ok], u[ok], v[ok], length[ok]
+    if not len(g):
+        return nodes, edges
+    ids = ev["id"].to_numpy(np.int64)
+    gid = ids.max(initial=0) + 1 + np.arange(len(g))
+    start = point_time[src[g]]
+    part = ev["part"].to_numpy(np.int64)[v]
+    gaps = pd.DataFrame({
+        "part": part, "rank": ev["rank"].astype("Int64").to_numpy()[v], "id": gid,
+        "name": "[host gap]", "type": "COMP_NODE", "is_cpu_op": True, "level": "host_gap",
+        "tid": ev["tid"].fillna(-1).to_numpy(np.int64)[v], "stream": -1, "ts": start,
+        "dur": length, "start_micros": _micros(start), "duration_micros": _micros(length),
+        "comm_type": None, "comm_size": pd.array([pd.NA] * len(g), dtype="Int64"),
+        "pg_name": None,
+    })[NODE_COLUMNS]  # fmt: skip
+    pair = set(zip(ids[u].tolist(), ids[v].tolist(), strict=True))
+    direct = (edges["dep"] == "data").to_numpy().copy()
+    direct &= np.array([(a, b) in pair for a, b in zip(edges["src"], edges["dst"], strict=True)],
+                       bool)  # fmt: skip
+    through = pd.DataFrame({
+        "part": np.r_[part, part], "src": np.r_[ids[u], gid], "dst": np.r_[gid, ids[v]],
+        "dep": "data", "via": "host_gap",
+    })[EDGE_COLUMNS]  # fmt: skip
+    return (pd.concat([nodes, gaps], ignore_index=True),
+            pd.concat([edges[~direct], through], ignore_index=True))  # fmt: skip
 
 
 def _edge_kind_names() -> tuple[str, ...]:
