@@ -38,7 +38,7 @@ from xpuprof.trace.graph import WHOLE_TRACE
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
 
-_HOST_LEVELS = ("step", "op", "runtime")
+_HOST_LEVELS = ("step", "annotation", "op", "runtime")
 _HOST_SQL = (
     "select part, id, parent, pid, tid, ts, dur, depth, correlation, level, "
     "level = 'runtime' as is_runtime, level in ('op', 'runtime') as is_op, "

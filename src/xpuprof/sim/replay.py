@@ -63,6 +63,8 @@ class Replay:
     unmodelled: pd.DataFrame
     deviations: pd.DataFrame
     notes: list[str]
+    step_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # rows of steps
+    device_steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # node, part, step
 
     def events(self) -> pd.DataFrame:
         """One row per replayed event: where it ran, its measured ``ts``/``dur`` and its
@@ -245,12 +247,11 @@ def _compare(trace: Trace, g: ReplayGraph, sched: engine.Schedule, top: int) -> 
     st["measured_ns"] = nodes.time[en] - nodes.time[sn]
     st["simulated_ns"] = sched.time[en] - sched.time[sn]
     st["error_pct"] = _pct(st["simulated_ns"], st["measured_ns"])
-    _with_device(trace, g, time, st, sn, en)
-    steps = (
-        st.sort_values(["part", "step"]).reset_index(drop=True)[STEP_COLUMNS]
-        if len(st)
-        else pd.DataFrame(columns=STEP_COLUMNS)
-    )
+    dev_steps = _device_step_nodes(trace, g)
+    _with_device(g, dev_steps, time, st, sn, en)
+    st = st.sort_values(["part", "step"]).reset_index(drop=True)
+    step_event_ids = st["id"].to_numpy(np.int64) if len(st) else np.empty(0, np.int64)
+    steps = st[STEP_COLUMNS] if len(st) else pd.DataFrame(columns=STEP_COLUMNS)
     # per part: steps and span
     rows = []
     for p in g.parts:
@@ -291,31 +292,42 @@ def _compare(trace: Trace, g: ReplayGraph, sched: engine.Schedule, top: int) -> 
                      f"events {', '.join(map(str, ev[:20]))}")  # fmt: skip
     deviations = _deviations(trace, g, sched, aligned, top)
     return Replay(trace=trace, graph=g, time=time, steps=steps, summary=summary, edges=edges,
+                  step_ids=step_event_ids, device_steps=dev_steps,
                   unmodelled=unmodelled, deviations=deviations, notes=notes)  # fmt: skip
 
 
-def _with_device(trace: Trace, g: ReplayGraph, time: np.ndarray, st: pd.DataFrame,
-                 sn: np.ndarray, en: np.ndarray) -> None:  # fmt: skip
-    """Add each step's time up to the later of its host end and the end of the device work
-    launched in it (the store's ``step`` of a device event is its launch's), measured and
-    simulated: a device-bound step whose host never waits ends there, not at its host end."""
+def _device_step_nodes(trace: Trace, g: ReplayGraph) -> pd.DataFrame:
+    """The end point of each replayed device work with a step (the store's ``step`` of a device
+    event is its launch's): ``node``, ``part``, ``step``."""
     nodes = g.nodes
     dev_end = np.flatnonzero(nodes.kind == DEVICE_END)
+    if not len(dev_end):
+        return pd.DataFrame({"node": [], "part": [], "step": []}, dtype=np.int64)
+    import pyarrow as pa
+
+    ids = nodes.event[dev_end]
+    trace.con.register("_xp_replay_dev", pa.table({"id": pa.array(ids, pa.int64())}))
+    try:
+        step_of = trace.sql("select e.id, e.step from events e join _xp_replay_dev d "
+                            "on e.id = d.id where e.step is not null")  # fmt: skip
+    finally:
+        trace.con.unregister("_xp_replay_dev")
+    node = pd.Series(dev_end, index=ids).reindex(step_of["id"]).to_numpy()
+    return pd.DataFrame({"node": node, "part": nodes.part[node],
+                         "step": step_of["step"].to_numpy(np.int64)})  # fmt: skip
+
+
+def _with_device(g: ReplayGraph, dev_steps: pd.DataFrame, time: np.ndarray, st: pd.DataFrame,
+                 sn: np.ndarray, en: np.ndarray) -> None:  # fmt: skip
+    """Add each step's time up to the later of its host end and the end of the device work
+    launched in it, measured and simulated: a device-bound step whose host never waits ends
+    there, not at its host end."""
+    nodes = g.nodes
     st["with_device_measured_ns"] = st["measured_ns"]
     st["with_device_simulated_ns"] = st["simulated_ns"]
-    if len(dev_end) and len(st):
-        import pyarrow as pa
-
-        ids = nodes.event[dev_end]
-        trace.con.register("_xp_replay_dev", pa.table({"id": pa.array(ids, pa.int64())}))
-        try:
-            step_of = trace.sql("select e.id, e.step from events e join _xp_replay_dev d "
-                                "on e.id = d.id where e.step is not null")  # fmt: skip
-        finally:
-            trace.con.unregister("_xp_replay_dev")
-        pos = pd.Series(dev_end, index=ids)
-        node = pos.reindex(step_of["id"]).to_numpy()
-        per = pd.DataFrame({"part": nodes.part[node], "step": step_of["step"].to_numpy(),
+    if len(dev_steps) and len(st):
+        node = dev_steps["node"].to_numpy()
+        per = pd.DataFrame({"part": dev_steps["part"], "step": dev_steps["step"],
                             "m": nodes.time[node], "s": time[node]})  # fmt: skip
         last = per.groupby(["part", "step"]).max()
         keys = pd.MultiIndex.from_arrays([st["part"], st["step"]])
