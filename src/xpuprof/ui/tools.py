@@ -396,6 +396,21 @@ def replay(
     return res
 
 
+def whatif(
+    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
+    change: Iterable[str] | str | None = None,
+) -> Result:  # fmt: skip
+    """Replay the trace as measured and with the changes applied together
+    (:func:`xpuprof.sim.whatif.whatif`, ``docs/whatif.md``): baseline vs predicted step time
+    per rank and step, and the critical path's shift between categories of work. ``change``:
+    one change or several (``;`` also separates them)."""
+    from xpuprof.sim.whatif import whatif as run_whatif
+
+    texts = [change] if isinstance(change, str) else list(change or [])
+    texts = [t.strip() for x in texts for t in str(x).split(";") if t.strip()]
+    return run_whatif(trace, texts, ranks=ranks, steps=steps).result()
+
+
 # ------------------------------------------------------------------------------ the viewer
 # The trace viewer's questions (docs/view.md): thin names for :mod:`xpuprof.view`, so the web UI
 # asks this module, as it does for every tool, and imports nothing that computes.
@@ -602,6 +617,13 @@ TOOLS: tuple[Tool, ...] = (
                   Option("output", "The file --export writes (.json or .json.gz; default: "
                                    "beside the store, STORE.replay.json.gz).", short="-o",
                          local=True))),
+    Tool("whatif", "xpuprof.ui.tools:whatif",
+         "Predict what a change is worth: replay the trace with it and compare with the "
+         "measured replay (step time, speedup, critical-path shift; docs/whatif.md).",
+         options=(Option("change", "A change: scale:SELECTOR=FACTOR, host-gaps=FACTOR, "
+                                   "no-sync[:REGEX], cuda-graphs[:REGEX], "
+                                   "no-input-wait[:REGEX]; repeat it or separate by ';'.",
+                         type=list[str]),)),
     Tool("diff", "xpuprof.analysis.diff:diff",
          "The step-time delta between two traces split into where the time goes, then the "
          "ops and kernels added, removed and changed.",

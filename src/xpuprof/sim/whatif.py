@@ -1,0 +1,433 @@
+"""What-if: change the replay graph's costs or edges, replay, and say what the change is worth.
+
+``whatif(trace, ["scale:kernel/gemm=0.5", "no-sync"])`` replays the trace once as measured
+(the baseline) and once with every change applied, and compares them per rank: step time (the
+mean host step, and the mean step with its device work), the speedup, and how the critical path
+shifts between categories of work (host, launch, device compute, communication, waiting).
+``docs/whatif.md`` defines the change language; in short (SELECTOR: a level or class — ``kernel``,
+``memcpy``, ``memset``, ``collective``, ``device`` (all device work), ``op``, ``runtime``,
+``step``, ``host`` — optionally ``/REGEX`` on event names):
+
+- ``scale:SELECTOR=FACTOR``: the own time of the selected events × FACTOR (0 removes it);
+- ``host-gaps=FACTOR``: the host time in no framework op or runtime call (between top-level
+  host events, or inside a step span outside its ops: Python, the optimizer loop, dispatch) ×
+  FACTOR;
+- ``no-sync[:REGEX]``: the host calls (matching REGEX) no longer wait for the device (a
+  blocking copy made non-blocking to pinned memory, a sync removed);
+- ``cuda-graphs[:REGEX]``: the launch calls inside host events matching REGEX (default: all)
+  cost nothing on the host, as when their kernels are captured in a CUDA graph;
+- ``no-input-wait[:REGEX]``: the host spans of the input pipeline (DataLoader iterator spans,
+  or REGEX) take no time.
+
+Only what the trace measured is moved: a change prices nothing new (the roofline, systolic
+and collective models do that), so a prediction is as good as the graph's dependencies
+(``docs/replay.md``). A change that selects nothing is an error naming what exists.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from xpuprof.core.errors import XpuprofError
+from xpuprof.core.result import Presentation, Result
+from xpuprof.sim import engine
+from xpuprof.sim.graph import (
+    COLLECTIVE,
+    DEVICE_COMMUNICATION,
+    DEVICE_WORK,
+    EDGE_KINDS,
+    HOST_GAP,
+    HOST_WORK,
+    RENDEZVOUS,
+    SYNC,
+    ReplayGraph,
+)
+from xpuprof.sim.replay import Replay, replay, run
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from xpuprof.analysis.common import StepSelection
+    from xpuprof.trace.trace import Trace
+
+#: Levels a selector may name, and the classes that stand for several.
+SELECTORS = {
+    "kernel": ("kernel",), "memcpy": ("memcpy",), "memset": ("memset",),
+    "collective": ("collective",), "device": ("kernel", "memcpy", "memset", "collective"),
+    "op": ("op",), "runtime": ("runtime",), "step": ("step",), "host": ("op", "runtime", "step"),
+}  # fmt: skip
+#: The host spans of the input pipeline (what ``analysis.input_pipeline`` finds by default).
+INPUT_PATTERN = r"(?i)(?:dataloader|_next_data|load_batch|get_batch|fetch_batch)"
+#: Runtime calls that launch work (what a CUDA graph replaces).
+LAUNCH_PATTERN = r"(?i)(?:launch|memcpyasync|memsetasync)"
+#: Edge kinds → the category of work the critical path reports.
+CATEGORY = {
+    "host_work": "host", "host_gap": "host", "launch": "launch",
+    "device_work": "device compute", "device_communication": "communication",
+    "collective": "communication", "sync": "waiting", "stream_wait_event": "waiting",
+    "stream_order": "waiting", "fwdbwd": "waiting",
+}  # fmt: skip
+CATEGORIES = ("host", "launch", "device compute", "communication", "waiting", "late start")
+SUMMARY_COLUMNS = ["rank", "part", "steps", "baseline_ns", "predicted_ns", "speedup",
+                   "baseline_with_device_ns", "predicted_with_device_ns",
+                   "speedup_with_device"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Change:
+    """One parsed change: its text, what it does (``verb``), the levels and name pattern it
+    selects, and its factor."""
+
+    text: str
+    verb: str
+    levels: tuple[str, ...] = ()
+    pattern: str | None = None
+    factor: float = 0.0
+
+
+def parse(text: str) -> Change:
+    """A change from its text (module docstring); a clear error for anything else."""
+    t = text.strip()
+    head, _, factor_text = t.partition("=")
+    verb, _, arg = head.partition(":")
+    verb = verb.strip().lower()
+    factor = 0.0
+    if factor_text:
+        try:
+            factor = float(factor_text)
+        except ValueError:
+            raise XpuprofError(f"change {text!r}: {factor_text!r} is not a number") from None
+        if factor < 0:
+            raise XpuprofError(f"change {text!r}: the factor must be ≥ 0")
+    if verb == "scale":
+        sel, _, pattern = arg.partition("/")
+        if sel not in SELECTORS:
+            raise XpuprofError(f"change {text!r}: unknown selector {sel!r}; selectors: "
+                               f"{', '.join(SELECTORS)}")  # fmt: skip
+        if not factor_text:
+            raise XpuprofError(f"change {text!r}: say the factor, e.g. scale:{sel}=0.5")
+        return Change(t, verb, SELECTORS[sel], _regex(text, pattern or None), factor)
+    if verb == "host-gaps":
+        if not factor_text:
+            raise XpuprofError(f"change {text!r}: say the factor, e.g. host-gaps=0.5")
+        return Change(t, verb, factor=factor)
+    if verb in ("no-sync", "cuda-graphs", "no-input-wait"):
+        if factor_text:
+            raise XpuprofError(f"change {text!r}: {verb} takes no factor")
+        default = INPUT_PATTERN if verb == "no-input-wait" else None
+        return Change(t, verb, pattern=_regex(text, arg or None) or default)
+    raise XpuprofError(f"change {text!r}: unknown change {verb!r}; changes: scale:SELECTOR="
+                       "FACTOR, host-gaps=FACTOR, no-sync[:REGEX], cuda-graphs[:REGEX], "
+                       "no-input-wait[:REGEX] (docs/whatif.md)")  # fmt: skip
+
+
+def _regex(text: str, pattern: str | None) -> str | None:
+    if pattern is None:
+        return None
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise XpuprofError(f"change {text!r}: bad pattern {pattern!r}: {e}") from None
+    return pattern
+
+
+@dataclass
+class WhatIf:
+    """The baseline replay, the changed schedule, and the comparison tables."""
+
+    baseline: Replay
+    changes: list[Change]
+    time: np.ndarray  # simulated node times with the changes (each part's own clock)
+    summary: pd.DataFrame
+    steps: pd.DataFrame
+    critical_path: pd.DataFrame
+    notes: list[str]
+
+    def result(self) -> Result:
+        """The tables as a tool's Result (``xpuprof whatif``)."""
+        s = self.summary
+        facts: dict[str, object] = {"changes": "; ".join(c.text for c in self.changes)}
+        if len(s) and s["baseline_ns"].notna().any():
+            base, pred = float(s["baseline_ns"].mean()), float(s["predicted_ns"].mean())
+            facts.update(baseline_ns=base, predicted_ns=pred,
+                         speedup=round(base / pred, 4) if pred > 0 else None)  # fmt: skip
+            what = "; ".join(c.text for c in self.changes) or "no change"
+            facts["headline"] = (f"{what}: step {base / 1e6:.3f} ms → {pred / 1e6:.3f} ms "
+                                 f"predicted ({_pct(pred, base):+.1f} %, ×{base / pred:.2f})"
+                                 if pred > 0 else f"{what}: the step takes no time")  # fmt: skip
+        ns = (("baseline_ns", "ns"), ("predicted_ns", "ns"), ("baseline_with_device_ns", "ns"),
+              ("predicted_with_device_ns", "ns"))  # fmt: skip
+        return Result(
+            tables={"summary": s, "steps": self.steps, "critical_path": self.critical_path},
+            notes=list(self.notes), facts=facts,  # type: ignore[arg-type]
+            present={
+                "summary": Presentation(title="baseline vs predicted, per rank (mean step)",
+                                        all_rows=True, units=ns),
+                "steps": Presentation(title="baseline vs predicted, per step", units=ns),
+                "critical_path": Presentation(
+                    title="critical path by category, per rank (first step's start to last "
+                    "step's end)",
+                    all_rows=True, units=(("baseline_ns", "ns"), ("predicted_ns", "ns"),
+                                          ("shift_ns", "ns"))),
+            },
+        )  # fmt: skip
+
+
+def whatif(
+    trace: Trace,
+    changes: Iterable[str | Change] = (),
+    *,
+    ranks: Iterable[int] | None = None,
+    steps: StepSelection = None,
+) -> WhatIf:
+    """Replay ``trace`` as measured and with ``changes`` applied together; compare them."""
+    parsed = [c if isinstance(c, Change) else parse(c) for c in changes]
+    base = replay(trace, ranks=ranks, steps=steps)
+    g = base.graph
+    delay = g.edges.delay.copy()
+    keep = np.ones(len(g.edges), bool)
+    notes = []
+    events = base.events()[["id", "level", "name"]] if parsed else None
+    for c in parsed:
+        notes.append(_apply(c, g, events, delay, keep))  # type: ignore[arg-type]
+    sched = run(g, delay, keep)
+    off = g.nodes.time - g.aligned
+    time = sched.time + off
+    steps_t = _steps(base, time)
+    summary = _summary(base, steps_t)
+    cp = _critical_paths(g, base, run(g), sched, keep)
+    if not parsed:
+        notes.append("no change given: the prediction is the baseline (the identity replay)")
+    return WhatIf(baseline=base, changes=parsed, time=time, summary=summary, steps=steps_t,
+                  critical_path=cp, notes=notes + list(base.notes))  # fmt: skip
+
+
+# -- the changes ------------------------------------------------------------------------------
+
+
+def _select(c: Change, events: pd.DataFrame) -> np.ndarray:
+    """Ids of the replayed events ``c`` selects (an error when none)."""
+    mask = np.ones(len(events), bool)
+    if c.levels:
+        mask &= events["level"].isin(c.levels).to_numpy()
+    if c.pattern:
+        codes, names = pd.factorize(events["name"].astype(str))
+        rx = re.compile(c.pattern)
+        hit = np.fromiter((rx.search(x) is not None for x in names), bool, len(names))
+        mask &= hit[codes]
+    if not mask.any():
+        have = events.loc[events["level"].isin(c.levels) if c.levels else slice(None), "name"]
+        top = have.value_counts().index[:8].tolist()
+        where = (f"names there include: {', '.join(map(str, top))}" if top
+                 else f"the trace has no {'/'.join(c.levels)} events")  # fmt: skip
+        raise XpuprofError(f"change {c.text!r} selects no replayed event; {where}")
+    return events["id"].to_numpy()[mask]
+
+
+def _apply(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray,
+           keep: np.ndarray) -> str:  # fmt: skip
+    """Apply ``c`` to ``delay``/``keep`` in place; a note saying what it touched."""
+    e = g.edges
+    if c.verb == "scale":
+        ids = _select(c, events)
+        work = np.isin(e.kind, (HOST_WORK, DEVICE_WORK, DEVICE_COMMUNICATION))
+        pick = work & np.isin(e.event, ids)
+        # a matched collective's transfer time is carried by its rendezvous edges too
+        out_of_rz = (e.kind == COLLECTIVE) & (g.nodes.kind[e.src] == RENDEZVOUS)
+        pick |= out_of_rz & np.isin(g.nodes.event[e.dst], ids)
+        delay[pick] = np.rint(delay[pick] * c.factor).astype(np.int64)
+        return f"{c.text}: {len(ids):,} events, {int(pick.sum()):,} edges scaled"
+    if c.verb == "host-gaps":
+        # host time in no op or runtime call: between top-level events, or inside a step
+        # span but outside its ops (Python, the optimizer loop, dispatch)
+        steps = events.loc[events["level"] == "step", "id"].to_numpy()
+        pick = (e.kind == HOST_GAP) | ((e.kind == HOST_WORK) & np.isin(e.event, steps))
+        delay[pick] = np.rint(delay[pick] * c.factor).astype(np.int64)
+        return f"{c.text}: {int(pick.sum()):,} stretches of host time outside ops scaled"
+    if c.verb == "no-sync":
+        pick = e.kind == SYNC
+        if c.pattern:
+            ids = _select(Change(c.text, "scale", ("runtime",), c.pattern), events)
+            pick &= np.isin(g.nodes.event[e.dst], ids)
+        if not pick.any():
+            raise XpuprofError(f"change {c.text!r}: no host call waits for the device in the "
+                               "replay graph (no sync edge)")  # fmt: skip
+        keep &= ~pick
+        return f"{c.text}: {int(pick.sum()):,} waits removed"
+    if c.verb == "cuda-graphs":
+        calls = _select(Change(c.text, "scale", ("runtime",), LAUNCH_PATTERN), events)
+        if c.pattern:
+            region = _select(Change(c.text, "scale", (), c.pattern), events)
+            calls = np.intersect1d(calls, _inside(g, region))
+        pick = (e.kind == HOST_WORK) & np.isin(e.event, calls)
+        delay[pick] = 0
+        return f"{c.text}: the host time of {len(calls):,} launch calls removed"
+    if c.verb == "no-input-wait":
+        ids = _select(Change(c.text, "scale", (), c.pattern), events)
+        ids = np.union1d(ids, _inside(g, ids))
+        pick = (e.kind == HOST_WORK) & np.isin(e.event, ids)
+        delay[pick] = 0
+        return f"{c.text}: {len(ids):,} input-pipeline events take no time"
+    raise AssertionError(c.verb)
+
+
+def _inside(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
+    """Ids of the host events nested inside the events ``ids`` on their threads (points
+    between an event's start and end on its timeline)."""
+    n = g.nodes
+    host = n.kind <= 1
+    start = np.flatnonzero(host & (n.kind == 0) & np.isin(n.event, ids))
+    end_of = pd.Series(np.flatnonzero(host & (n.kind == 1)),
+                       index=n.event[host & (n.kind == 1)])  # fmt: skip
+    end_of = end_of[~end_of.index.duplicated()]
+    stop = end_of.reindex(n.event[start]).to_numpy()
+    inside = np.zeros(len(n.event) + 1, np.int64)
+    np.add.at(inside, start, 1)
+    np.add.at(inside, stop + 1, -1)
+    depth = np.cumsum(inside[:-1])
+    return np.unique(n.event[(depth > 0) & host])
+
+
+# -- comparison ----------------------------------------------------------------------------------
+
+
+def _steps(base: Replay, time: np.ndarray) -> pd.DataFrame:
+    """Per step: the baseline (the identity replay) and the prediction."""
+    st = base.steps
+    cols = ["rank", "part", "step", "name", "baseline_ns", "predicted_ns", "change_pct"]
+    if st.empty:
+        return pd.DataFrame(columns=cols)
+    g = base.graph
+    node_of = _step_nodes(g, base.step_ids)
+    out = st[["rank", "part", "step", "name"]].copy()
+    out["baseline_ns"] = st["simulated_ns"].to_numpy()
+    s, e = node_of
+    out["predicted_ns"] = time[e] - time[s]
+    out["baseline_with_device_ns"] = st["with_device_simulated_ns"].to_numpy()
+    dev = _device_end(g, base, time, st)
+    out["predicted_with_device_ns"] = np.fmax(time[e], dev) - time[s]
+    out["predicted_with_device_ns"] = out["predicted_with_device_ns"].astype("int64")
+    out["change_pct"] = _pct(out["predicted_ns"], out["baseline_ns"]).round(3)
+    return out
+
+
+def _step_nodes(g: ReplayGraph, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end points of the host events ``ids`` (step spans)."""
+    n = g.nodes
+    s = pd.Series(np.flatnonzero(n.kind == 0), index=n.event[n.kind == 0])
+    e = pd.Series(np.flatnonzero(n.kind == 1), index=n.event[n.kind == 1])
+    return s.reindex(ids).to_numpy(), e.reindex(ids).to_numpy()
+
+
+def _device_end(g: ReplayGraph, base: Replay, time: np.ndarray, st: pd.DataFrame) -> np.ndarray:
+    """Per step, the latest simulated end of the device work launched in it (-inf: none)."""
+    ev = base.device_steps
+    if ev.empty:
+        return np.full(len(st), -np.inf)
+    per = pd.DataFrame({"part": ev["part"], "step": ev["step"], "t": time[ev["node"]]})
+    last = per.groupby(["part", "step"])["t"].max()
+    keys = pd.MultiIndex.from_arrays([st["part"], st["step"]])
+    return last.reindex(keys).to_numpy(float)
+
+
+def _summary(base: Replay, steps: pd.DataFrame) -> pd.DataFrame:
+    if steps.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    g = steps.groupby(["part"], sort=True)
+    out = g.agg(
+        rank=("rank", "first"),
+        steps=("step", "size"),
+        baseline_ns=("baseline_ns", "mean"),
+        predicted_ns=("predicted_ns", "mean"),
+        baseline_with_device_ns=("baseline_with_device_ns", "mean"),
+        predicted_with_device_ns=("predicted_with_device_ns", "mean"),
+    ).reset_index()
+    out["speedup"] = (out["baseline_ns"] / out["predicted_ns"]).round(4)
+    out["speedup_with_device"] = (out["baseline_with_device_ns"]
+                                  / out["predicted_with_device_ns"]).round(4)  # fmt: skip
+    for c in ("baseline_ns", "predicted_ns", "baseline_with_device_ns", "predicted_with_device_ns"):
+        out[c] = out[c].round().astype("int64")
+    out["rank"] = out["rank"].astype("Int64")
+    return out[SUMMARY_COLUMNS]
+
+
+def _critical_paths(g: ReplayGraph, base: Replay, before: engine.Schedule,
+                    after: engine.Schedule, keep: np.ndarray) -> pd.DataFrame:  # fmt: skip
+    """Per part, time per category on the critical path from the end of its last step back to
+    the start of its first (without steps: from its last point back to its first), before and
+    after the change."""
+    rows = []
+    st = base.steps
+    span: dict[int, tuple[int, int]] = {}
+    if len(st):
+        ids = base.step_ids
+        s_node, e_node = _step_nodes(g, ids)
+        parts = st["part"].to_numpy()
+        for p in np.unique(parts).tolist():
+            mine = np.flatnonzero(parts == p)
+            first = mine[np.argmin(st["step"].to_numpy()[mine])]
+            last = mine[np.argmax(st["step"].to_numpy()[mine])]
+            span[p] = (int(s_node[first]), int(e_node[last]))
+    for p in g.parts:
+        if p not in span:
+            mine = np.flatnonzero(g.nodes.part == p)
+            if not len(mine):
+                continue
+            t = g.nodes.time[mine]
+            span[p] = (int(mine[np.argmin(t)]), int(mine[np.argmax(t)]))
+        a, z = span[p]
+        b = path_by_category(g, before, z, before.time[a], np.ones(len(g.edges), bool))
+        c = path_by_category(g, after, z, after.time[a], keep)
+        for cat in CATEGORIES:
+            rows.append({"rank": g.ranks.get(p), "part": p, "category": cat,
+                         "baseline_ns": b.get(cat, 0), "predicted_ns": c.get(cat, 0),
+                         "shift_ns": c.get(cat, 0) - b.get(cat, 0)})  # fmt: skip
+    out = pd.DataFrame(rows, columns=["rank", "part", "category", "baseline_ns", "predicted_ns",
+                                      "shift_ns"])  # fmt: skip
+    out["rank"] = out["rank"].astype("Int64")
+    return out
+
+
+def path_by_category(g: ReplayGraph, sched: engine.Schedule, v: int, since: int,
+                     keep: np.ndarray) -> dict[str, int]:  # fmt: skip
+    """Time per category on the critical path into point ``v`` back to the time ``since``:
+    walk back along the input that set each point (its cross edge, or its timeline
+    predecessor), summing the time each edge spans on the simulated clock (the last one
+    clipped at ``since``), until ``since``; a path that reaches the first point of a thread or
+    stream (maybe another rank's, through a collective) later than ``since`` counts the rest as
+    ``late start``. The categories sum to the time from ``since`` to ``v``."""
+    e = g.edges
+    cross = np.flatnonzero(~e.timeline & keep)
+    c_src, c_kind = e.src[cross], e.kind[cross]
+    n = len(g.nodes)
+    chain_kind = np.full(n, -1)
+    chain_kind[e.dst[e.timeline]] = e.kind[e.timeline]
+    head = np.zeros(n, bool)
+    head[g.timelines.first] = True
+    t = sched.time.tolist()
+    via = sched.via.tolist()
+    c_src_l, c_kind_l, chain_l, head_l = (c_src.tolist(), c_kind.tolist(), chain_kind.tolist(),
+                                          head.tolist())  # fmt: skip
+    names = [CATEGORY[k] for k in EDGE_KINDS]
+    out: dict[str, int] = {}
+    while t[v] > since:
+        if via[v] >= 0:
+            u, k = c_src_l[via[v]], c_kind_l[via[v]]
+        elif not head_l[v]:
+            u, k = v - 1, chain_l[v]
+        else:  # a thread or stream (maybe of another rank) that began after ``since``
+            out["late start"] = out.get("late start", 0) + t[v] - since
+            break
+        cat = names[k] if k >= 0 else "waiting"
+        out[cat] = out.get(cat, 0) + t[v] - max(t[u], since)
+        v = u
+    return out
+
+
+def _pct(a: pd.Series | float, b: pd.Series | float) -> pd.Series | float:
+    return 100.0 * (a - b) / b

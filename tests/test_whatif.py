@@ -1,0 +1,147 @@
+"""What-if (``xpuprof.sim.whatif``): the change language, and predictions on synthetic traces
+whose changed timelines are worked out by hand (times in µs, as the builder writes them)."""
+
+from __future__ import annotations
+
+import pytest
+
+import xpuprof
+from tests.builders import TraceBuilder
+from tests.conftest import cli, cli_json
+from xpuprof.core.errors import XpuprofError
+from xpuprof.sim.whatif import CATEGORIES, parse, whatif
+
+US = 1000
+
+
+def _device_bound(tmp_path):
+    """As tests/test_replay.py: one step 0–50; four 10 µs kernels launched at 1, 3, 5, 7
+    (1 µs calls), running 6–46 back to back; cudaDeviceSynchronize 9–48 waits for the last;
+    "tail" 48–50."""
+    tb = TraceBuilder(rank=0)
+    tb.step(0, ts=0, dur=50)
+    for i, (call, k) in enumerate(((1, 6), (3, 16), (5, 26), (7, 36))):
+        tb.launch(f"gemm{i}", ts=k, dur=10, launch_ts=call, launch_dur=1)
+    tb.runtime("cudaDeviceSynchronize", 9, 39)
+    tb.op("tail", 48, 2)
+    return tb.store(tmp_path, "dev")
+
+
+def _host_bound(tmp_path):
+    """One step 0–45: a 1 µs launch every 10 µs (1, 11, 21, 31), each 2 µs kernel 5 µs after
+    its call (4 µs after its return); cudaDeviceSynchronize 41–43 finds the device idle;
+    "tail" 43–45. Between the calls the host runs no op (step time outside ops)."""
+    tb = TraceBuilder(rank=0)
+    tb.step(0, ts=0, dur=45)
+    for i, call in enumerate((1, 11, 21, 31)):
+        tb.launch(f"k{i}", ts=call + 5, dur=2, launch_ts=call, launch_dur=1)
+    tb.runtime("cudaDeviceSynchronize", 41, 2)
+    tb.op("tail", 43, 2)
+    return tb.store(tmp_path, "host")
+
+
+def _step(w) -> float:
+    return float(w.steps["predicted_ns"].iloc[0]) / US
+
+
+def test_the_change_language():
+    c = parse("scale:kernel/gemm=0.5")
+    assert (c.verb, c.levels, c.pattern, c.factor) == ("scale", ("kernel",), "gemm", 0.5)
+    assert parse("host-gaps=0").factor == 0
+    assert parse("no-sync:cudaMemcpy").pattern == "cudaMemcpy"
+    assert parse("no-input-wait").pattern  # the DataLoader spans by default
+    for bad, says in (("speed:kernel=2", "unknown change"), ("scale:gpu=2", "unknown selector"),
+                      ("scale:kernel", "say the factor"), ("scale:kernel=x", "not a number"),
+                      ("scale:kernel=-1", "≥ 0"), ("scale:op/(=2", "bad pattern"),
+                      ("no-sync=2", "takes no factor")):  # fmt: skip
+        with pytest.raises(XpuprofError, match=says):
+            parse(bad)
+
+
+def test_kernels_twice_as_slow_on_a_device_bound_step(tmp_path):
+    """Kernels 20 µs, back to back 6–86; the sync ends 2 µs after (88), the tail 88–90: the
+    step is 90 µs, a speedup of 50/90."""
+    with xpuprof.load(_device_bound(tmp_path)) as t:
+        w = whatif(t, ["scale:kernel=2"])
+        assert w.steps["baseline_ns"].iloc[0] == 50 * US
+        assert _step(w) == 90
+        assert w.summary["speedup"].iloc[0] == round(50 / 90, 4)
+        r = w.result()
+        assert r.facts["headline"].startswith("scale:kernel=2: step 0.050 ms → 0.090 ms")
+
+
+def test_a_pattern_selects_by_name(tmp_path):
+    """Only gemm2 twice as slow: 26–46, gemm3 46–56, the sync ends at 58, the step at 60."""
+    with xpuprof.load(_device_bound(tmp_path)) as t:
+        assert _step(whatif(t, ["scale:kernel/gemm2$=2"])) == 60
+
+
+def test_removing_the_sync(tmp_path):
+    """The sync no longer waits: it ends at its start (9), the tail 9–11: an 11 µs step."""
+    with xpuprof.load(_device_bound(tmp_path)) as t:
+        assert _step(whatif(t, ["no-sync"])) == 11
+
+
+def test_cuda_graphs_remove_the_launch_calls_host_time(tmp_path):
+    """The four 1 µs launch calls cost nothing: the host reaches the sync 4 µs earlier (37),
+    the last kernel ends at 34 (its call at 28, its kernel 4 µs after the call returned), so
+    the sync takes its own 2 µs (37–39) and the tail 39–41: a 41 µs step."""
+    with xpuprof.load(_host_bound(tmp_path)) as t:
+        w = whatif(t, ["cuda-graphs"])
+        assert _step(w) == 41
+
+
+def test_less_python_between_ops(tmp_path):
+    """host-gaps=0 removes the step's time outside its ops (0–1, 2–11, 12–21, 22–31, 32–41):
+    the calls run 0–1, 1–2, 2–3, 3–4 and the sync starts at 4. Each kernel starts 4 µs after
+    its call returns, but now behind the one before on its stream: 5–7, 7–9, 9–11, 11–13.
+    The sync (which never waited in the trace: wake-up 0) ends with the last kernel at 13,
+    the tail runs 13–15: a 15 µs step, from 45."""
+    with xpuprof.load(_host_bound(tmp_path)) as t:
+        w = whatif(t, ["host-gaps=0"])
+        assert _step(w) == 15
+        ev = w.baseline.events().set_index("id")
+        at = {ev.loc[e, "name"]: int(w.time[i]) for i, e in enumerate(w.baseline.graph.nodes.event)
+              if e >= 0 and w.baseline.graph.nodes.kind[i] == 2}  # fmt: skip
+        assert [at[f"k{i}"] / US for i in range(4)] == [5, 7, 9, 11]
+
+
+def test_the_critical_path_sums_to_the_step_and_shifts(tmp_path):
+    """Per rank the categories add up to the step (baseline 50, predicted 90 µs); with kernels
+    twice as slow, device compute grows by 40 µs on the path."""
+    with xpuprof.load(_device_bound(tmp_path)) as t:
+        w = whatif(t, ["scale:kernel=2"])
+        cp = w.critical_path.set_index("category")
+        assert list(cp.index) == list(CATEGORIES)
+        assert cp["baseline_ns"].sum() == 50 * US and cp["predicted_ns"].sum() == 90 * US
+        assert cp.loc["device compute", "shift_ns"] == 40 * US
+
+
+def test_removing_input_waits(tmp_path):
+    """A 20 µs DataLoader span (a record_function annotation, as PyTorch names it) opens the
+    step (0–20), then "compute" 20–30: without the input wait the step is 10 µs."""
+    tb = TraceBuilder(rank=0)
+    tb.step(0, ts=0, dur=30)
+    tb.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 20)
+    tb.op("compute", 20, 10)
+    with tb.load(tmp_path) as t:
+        assert _step(whatif(t, ["no-input-wait"])) == 10
+
+
+def test_a_change_that_selects_nothing_says_what_exists(tmp_path):
+    with xpuprof.load(_device_bound(tmp_path)) as t:
+        with pytest.raises(XpuprofError, match="selects no replayed event.*gemm0"):
+            whatif(t, ["scale:kernel/conv=0.5"])
+        with pytest.raises(XpuprofError, match="no collective events"):
+            whatif(t, ["scale:collective=0.5"])
+
+
+def test_cli(tmp_path):
+    """`xpuprof whatif STORE --change … --change … --json`: the changes apply together."""
+    store = _device_bound(tmp_path)
+    doc = cli_json("whatif", store, "--change", "scale:kernel=2", "--change", "no-sync")
+    assert doc["facts"]["changes"] == "scale:kernel=2; no-sync"
+    assert doc["facts"]["predicted_ns"] == 11 * US  # without the sync, the kernels don't matter
+    bad = cli("whatif", store, "--change", "scale:kernel/conv=2")
+    assert bad.returncode == 2 and "selects no replayed event" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
