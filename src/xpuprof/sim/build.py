@@ -38,7 +38,7 @@ from xpuprof.trace.graph import WHOLE_TRACE
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
 
-_HOST_LEVELS = ("step", "annotation", "op", "runtime")
+HOST_LEVELS = ("step", "annotation", "op", "runtime")
 _HOST_SQL = (
     "select part, id, parent, pid, tid, ts, dur, depth, correlation, level, "
     "level = 'runtime' as is_runtime, level in ('op', 'runtime') as is_op, "
@@ -48,7 +48,7 @@ _HOST_SQL = (
     "coalesce(contains(lower(name), 'memcpy'), false) as is_copy_call, "
     "coalesce(contains(name, 'StreamWaitEvent'), false) as is_stream_wait "
     "from events where part in ({parts}) and device < 0 and dur is not null and dur >= 0 "
-    f"and level in {_HOST_LEVELS} order by id"
+    f"and level in {HOST_LEVELS} order by id"
 )
 _DEVICE_SQL = (
     "select part, id, device, stream, ts as t, dur, correlation, level, "

@@ -65,6 +65,7 @@ class Replay:
     notes: list[str]
     step_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # rows of steps
     device_steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # node, part, step
+    schedule: engine.Schedule | None = field(default=None, repr=False)  # aligned clock
 
     def events(self) -> pd.DataFrame:
         """One row per replayed event: where it ran, its measured ``ts``/``dur`` and its
@@ -292,6 +293,7 @@ def _compare(trace: Trace, g: ReplayGraph, sched: engine.Schedule, top: int) -> 
                      f"events {', '.join(map(str, ev[:20]))}")  # fmt: skip
     deviations = _deviations(trace, g, sched, aligned, top)
     return Replay(trace=trace, graph=g, time=time, steps=steps, summary=summary, edges=edges,
+                  schedule=sched,
                   step_ids=step_event_ids, device_steps=dev_steps,
                   unmodelled=unmodelled, deviations=deviations, notes=notes)  # fmt: skip
 

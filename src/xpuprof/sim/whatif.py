@@ -192,7 +192,7 @@ def whatif(
     delay = g.edges.delay.copy()
     keep = np.ones(len(g.edges), bool)
     notes = []
-    events = base.events()[["id", "level", "name"]] if parsed else None
+    events = _names(trace, g) if parsed else None
     for c in parsed:
         notes.append(_apply(c, g, events, delay, keep))  # type: ignore[arg-type]
     sched = run(g, delay, keep)
@@ -200,7 +200,7 @@ def whatif(
     time = sched.time + off
     steps_t = _steps(base, time)
     summary = _summary(base, steps_t)
-    cp = _critical_paths(g, base, run(g), sched, keep)
+    cp = _critical_paths(g, base, base.schedule or run(g), sched, keep)
     if not parsed:
         notes.append("no change given: the prediction is the baseline (the identity replay)")
     return WhatIf(baseline=base, changes=parsed, time=time, summary=summary, steps=steps_t,
@@ -208,6 +208,19 @@ def whatif(
 
 
 # -- the changes ------------------------------------------------------------------------------
+
+
+def _names(trace: Trace, g: ReplayGraph) -> pd.DataFrame:
+    """``id``, ``level``, ``name`` of the events of the replayed parts at the replayed levels
+    (a change selects among them; one scan, no join)."""
+    from xpuprof.core.names import DEVICE_LEVELS
+    from xpuprof.sim.build import HOST_LEVELS
+
+    levels = ", ".join(f"'{x}'" for x in (*HOST_LEVELS, *DEVICE_LEVELS))
+    parts = ", ".join(map(str, g.parts)) or "null"
+    return trace.sql(
+        f"select id, level, name from events where part in ({parts}) and level in ({levels})"
+    )
 
 
 def _select(c: Change, events: pd.DataFrame) -> np.ndarray:
@@ -358,21 +371,21 @@ def _summary(base: Replay, steps: pd.DataFrame) -> pd.DataFrame:
 
 def _critical_paths(g: ReplayGraph, base: Replay, before: engine.Schedule,
                     after: engine.Schedule, keep: np.ndarray) -> pd.DataFrame:  # fmt: skip
-    """Per part, time per category on the critical path from the end of its last step back to
-    the start of its first (without steps: from its last point back to its first), before and
-    after the change."""
+    """Per part, time per category on the critical path from the start of its first step to
+    the end of its last (without steps: from its first point to its last), before and after
+    the change."""
     rows = []
     st = base.steps
     span: dict[int, tuple[int, int]] = {}
     if len(st):
-        ids = base.step_ids
-        s_node, e_node = _step_nodes(g, ids)
-        parts = st["part"].to_numpy()
+        s_node, e_node = _step_nodes(g, base.step_ids)
+        parts, step = st["part"].to_numpy(), st["step"].to_numpy()
         for p in np.unique(parts).tolist():
             mine = np.flatnonzero(parts == p)
-            first = mine[np.argmin(st["step"].to_numpy()[mine])]
-            last = mine[np.argmax(st["step"].to_numpy()[mine])]
-            span[p] = (int(s_node[first]), int(e_node[last]))
+            span[p] = (int(s_node[mine[np.argmin(step[mine])]]),
+                       int(e_node[mine[np.argmax(step[mine])]]))  # fmt: skip
+    walk_before = Walk(g, before, np.ones(len(g.edges), bool))
+    walk_after = Walk(g, after, keep)
     for p in g.parts:
         if p not in span:
             mine = np.flatnonzero(g.nodes.part == p)
@@ -381,8 +394,8 @@ def _critical_paths(g: ReplayGraph, base: Replay, before: engine.Schedule,
             t = g.nodes.time[mine]
             span[p] = (int(mine[np.argmin(t)]), int(mine[np.argmax(t)]))
         a, z = span[p]
-        b = path_by_category(g, before, z, before.time[a], np.ones(len(g.edges), bool))
-        c = path_by_category(g, after, z, after.time[a], keep)
+        b = walk_before.by_category(z, int(before.time[a]))
+        c = walk_after.by_category(z, int(after.time[a]))
         for cat in CATEGORIES:
             rows.append({"rank": g.ranks.get(p), "part": p, "category": cat,
                          "baseline_ns": b.get(cat, 0), "predicted_ns": c.get(cat, 0),
@@ -393,40 +406,50 @@ def _critical_paths(g: ReplayGraph, base: Replay, before: engine.Schedule,
     return out
 
 
-def path_by_category(g: ReplayGraph, sched: engine.Schedule, v: int, since: int,
-                     keep: np.ndarray) -> dict[str, int]:  # fmt: skip
-    """Time per category on the critical path into point ``v`` back to the time ``since``:
-    walk back along the input that set each point (its cross edge, or its timeline
-    predecessor), summing the time each edge spans on the simulated clock (the last one
-    clipped at ``since``), until ``since``; a path that reaches the first point of a thread or
-    stream (maybe another rank's, through a collective) later than ``since`` counts the rest as
-    ``late start``. The categories sum to the time from ``since`` to ``v``."""
-    e = g.edges
-    cross = np.flatnonzero(~e.timeline & keep)
-    c_src, c_kind = e.src[cross], e.kind[cross]
-    n = len(g.nodes)
-    chain_kind = np.full(n, -1)
-    chain_kind[e.dst[e.timeline]] = e.kind[e.timeline]
-    head = np.zeros(n, bool)
-    head[g.timelines.first] = True
-    t = sched.time.tolist()
-    via = sched.via.tolist()
-    c_src_l, c_kind_l, chain_l, head_l = (c_src.tolist(), c_kind.tolist(), chain_kind.tolist(),
-                                          head.tolist())  # fmt: skip
-    names = [CATEGORY[k] for k in EDGE_KINDS]
-    out: dict[str, int] = {}
-    while t[v] > since:
-        if via[v] >= 0:
-            u, k = c_src_l[via[v]], c_kind_l[via[v]]
-        elif not head_l[v]:
-            u, k = v - 1, chain_l[v]
-        else:  # a thread or stream (maybe of another rank) that began after ``since``
+class Walk:
+    """Critical paths through a schedule: each point's *setting input* (its cross edge, or its
+    timeline predecessor; none at a timeline's first point) as flat arrays, made once."""
+
+    def __init__(self, g: ReplayGraph, sched: engine.Schedule, keep: np.ndarray) -> None:
+        e = g.edges
+        cross = np.flatnonzero(~e.timeline & keep)
+        n = len(g.nodes)
+        head = np.zeros(n, bool)
+        head[g.timelines.first] = True
+        chain_kind = np.full(n, -1)
+        chain_kind[e.dst[e.timeline]] = e.kind[e.timeline]
+        via = sched.via
+        by_cross = via >= 0
+        pred = np.where(head, -1, np.arange(n) - 1)
+        kind = chain_kind.copy()
+        pred[by_cross] = e.src[cross[via[by_cross]]]
+        kind[by_cross] = e.kind[cross[via[by_cross]]]
+        self.time = sched.time
+        self.pred = pred
+        self.cat = np.array([CATEGORIES.index(CATEGORY[k]) for k in EDGE_KINDS] +
+                            [CATEGORIES.index("waiting")])[kind]  # kind -1: waiting  # fmt: skip
+        self._pred_list = pred.tolist()
+        self._time_list = sched.time.tolist()
+
+    def by_category(self, v: int, since: int) -> dict[str, int]:
+        """Time per category on the critical path into point ``v`` back to the time ``since``
+        (the last edge clipped there); a path that reaches the first point of a thread or
+        stream (maybe another rank's, through a collective) later than ``since`` counts the
+        rest as ``late start``. The categories sum to the time from ``since`` to ``v``."""
+        pred, t = self._pred_list, self._time_list
+        path = []
+        while t[v] > since and pred[v] >= 0:
+            path.append(v)
+            v = pred[v]
+        out: dict[str, int] = {}
+        if path:
+            p = np.asarray(path)
+            span = self.time[p] - np.maximum(self.time[self.pred[p]], since)
+            per = np.bincount(self.cat[p], span, minlength=len(CATEGORIES))
+            out = {c: int(x) for c, x in zip(CATEGORIES, per, strict=True) if x}
+        if t[v] > since:  # a thread or stream that began after ``since``
             out["late start"] = out.get("late start", 0) + t[v] - since
-            break
-        cat = names[k] if k >= 0 else "waiting"
-        out[cat] = out.get(cat, 0) + t[v] - max(t[u], since)
-        v = u
-    return out
+        return out
 
 
 def _pct(a: pd.Series | float, b: pd.Series | float) -> pd.Series | float:
