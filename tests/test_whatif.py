@@ -145,3 +145,20 @@ def test_cli(tmp_path):
     bad = cli("whatif", store, "--change", "scale:kernel/conv=2")
     assert bad.returncode == 2 and "selects no replayed event" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_dataloader_workers(tmp_path):
+    """Two steps (0–30, 40–70), each a 20 µs DataLoader span then 10 µs of compute. With
+    workers the batch is made while the step computes: the wait is max(0, 20/N − 10) µs —
+    N=1: 10 (steps of 20 µs), N=2 and more: 0 (steps of 10 µs)."""
+    tb = TraceBuilder(rank=0)
+    for n, t0 in ((0, 0), (1, 40)):
+        tb.step(n, ts=t0, dur=30)
+        tb.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t0, 20)
+        tb.op("compute", t0 + 20, 10)
+    with tb.load(tmp_path) as t:
+        for workers, step in ((1, 20), (2, 10), (4, 10)):
+            w = whatif(t, [f"dataloader-workers={workers}"])
+            assert (w.steps["predicted_ns"] / US).tolist() == [step, step], workers
+        with pytest.raises(XpuprofError, match="how many workers"):
+            whatif(t, ["dataloader-workers=0.5"])

@@ -17,7 +17,9 @@ shifts between categories of work (host, launch, device compute, communication, 
 - ``cuda-graphs[:REGEX]``: the launch calls inside host events matching REGEX (default: all)
   cost nothing on the host, as when their kernels are captured in a CUDA graph;
 - ``no-input-wait[:REGEX]``: the host spans of the input pipeline (DataLoader iterator spans,
-  or REGEX) take no time.
+  or REGEX) take no time;
+- ``dataloader-workers[:REGEX]=N``: the input pipeline gets N worker processes: each input
+  span shrinks to max(0, its time / N − the rest of its step).
 
 Only what the trace measured is moved: a change prices nothing new (the roofline, systolic
 and collective models do that), so a prediction is as good as the graph's dependencies
@@ -116,6 +118,12 @@ def parse(text: str) -> Change:
         if not factor_text:
             raise XpuprofError(f"change {text!r}: say the factor, e.g. host-gaps=0.5")
         return Change(t, verb, factor=factor)
+    if verb == "dataloader-workers":
+        if not factor_text or factor < 1 or factor != int(factor):
+            raise XpuprofError(f"change {text!r}: say how many workers, e.g. "
+                               "dataloader-workers=2")  # fmt: skip
+        return Change(t, verb, pattern=_regex(text, arg or None) or INPUT_PATTERN,
+                      factor=factor)  # fmt: skip
     if verb in ("no-sync", "cuda-graphs", "no-input-wait"):
         if factor_text:
             raise XpuprofError(f"change {text!r}: {verb} takes no factor")
@@ -123,7 +131,8 @@ def parse(text: str) -> Change:
         return Change(t, verb, pattern=_regex(text, arg or None) or default)
     raise XpuprofError(f"change {text!r}: unknown change {verb!r}; changes: scale:SELECTOR="
                        "FACTOR, host-gaps=FACTOR, no-sync[:REGEX], cuda-graphs[:REGEX], "
-                       "no-input-wait[:REGEX] (docs/whatif.md)")  # fmt: skip
+                       "no-input-wait[:REGEX], dataloader-workers[:REGEX]=N "
+                       "(docs/whatif.md)")  # fmt: skip
 
 
 def _regex(text: str, pattern: str | None) -> str | None:
@@ -286,7 +295,55 @@ def _apply(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray,
         pick = (e.kind == HOST_WORK) & np.isin(e.event, ids)
         delay[pick] = 0
         return f"{c.text}: {len(ids):,} input-pipeline events take no time"
+    if c.verb == "dataloader-workers":
+        return _workers(c, g, events, delay)
     raise AssertionError(c.verb)
+
+
+def _workers(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray) -> str:
+    """``dataloader-workers=N``: N worker processes make the batches while the step computes,
+    so in steady state the main thread waits for a batch only when one worker's batch time
+    over N exceeds the rest of the step: each input span (outermost, ``T``) shrinks to
+    max(0, T/N − C), C = the measured step time outside its input spans; everything inside
+    it shrinks alike. The first batch's cold start and the cost of shipping batches between
+    processes are not in the trace, so not in the prediction."""
+    n = g.nodes
+    ids = _select(Change(c.text, "scale", (), c.pattern), events)
+    starts = np.sort(np.flatnonzero((n.kind == 0) & np.isin(n.event, ids)))
+    ends = ends_of(g, n.event[starts])
+    # outermost spans only (an input span inside another is part of it)
+    outer = np.r_[True, starts[1:] > np.maximum.accumulate(ends)[:-1]]
+    starts, ends = starts[outer], ends[outer]
+    span_ns = n.time[ends] - n.time[starts]
+    steps = np.flatnonzero((n.kind == 0) & np.isin(
+        n.event, events.loc[events["level"] == "step", "id"].to_numpy()))  # fmt: skip
+    step_ends = ends_of(g, n.event[steps])
+    along = np.flatnonzero(g.edges.timeline & (g.edges.kind == HOST_WORK))
+    dst = g.edges.dst[along]
+    changed = 0
+    for s0, s1 in zip(steps.tolist(), step_ends.tolist(), strict=True):
+        mine = np.flatnonzero((n.part[starts] == n.part[s0]) & (n.time[starts] >= n.time[s0])
+                              & (n.time[starts] <= n.time[s1]))  # fmt: skip
+        rest = int(n.time[s1] - n.time[s0] - span_ns[mine].sum())  # the step's own compute
+        for k in mine.tolist():
+            t = float(span_ns[k])
+            factor = max(0.0, t / c.factor - rest) / t if t > 0 else 0.0
+            pick = along[(dst > starts[k]) & (dst <= ends[k])]
+            delay[pick] = np.rint(delay[pick] * factor).astype(np.int64)
+            changed += 1
+    if not changed:
+        raise XpuprofError(f"change {c.text!r}: no input span lies inside a profiler step")
+    return (
+        f"{c.text}: {changed:,} input spans shrunk to max(0, batch time / {int(c.factor)} − "
+        "the rest of the step)"
+    )
+
+
+def ends_of(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
+    """End points of the host events ``ids``."""
+    n = g.nodes
+    e = pd.Series(np.flatnonzero(n.kind == 1), index=n.event[n.kind == 1])
+    return e[~e.index.duplicated()].reindex(ids).to_numpy()
 
 
 def _inside(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
