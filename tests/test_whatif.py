@@ -162,3 +162,36 @@ def test_dataloader_workers(tmp_path):
             assert (w.steps["predicted_ns"] / US).tolist() == [step, step], workers
         with pytest.raises(XpuprofError, match="how many workers"):
             whatif(t, ["dataloader-workers=0.5"])
+
+
+def test_dataloader_workers_share_the_cpus(tmp_path, monkeypatch):
+    """The same two steps on a process with 2 CPUs (what xpuprof.profile records): the
+    workers and the main process share them, so a step lasts max(10, 20/N, (10 + 20)/2) =
+    15 µs for N=2 and N=4; N=1 still waits: max(10, 20, 15) = 20 µs."""
+    import xpuprof.sim.whatif as wi
+
+    monkeypatch.setattr(wi, "_cpus", lambda trace: {0: 2})
+    tb = TraceBuilder(rank=0)
+    for n, t0 in ((0, 0), (1, 40)):
+        tb.step(n, ts=t0, dur=30)
+        tb.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t0, 20)
+        tb.op("compute", t0 + 20, 10)
+    with tb.load(tmp_path) as t:
+        for workers, step in ((1, 20), (2, 15), (4, 15)):
+            w = whatif(t, [f"dataloader-workers={workers}"])
+            assert (w.steps["predicted_ns"] / US).tolist() == [step, step], workers
+            assert any("2 CPUs shared" in n for n in w.notes)
+
+
+def test_a_capture_records_the_cpus_it_could_use(tmp_path):
+    """xpuprof.profile writes the process's CPU count (its affinity) into the store."""
+    import os
+
+    torch = pytest.importorskip("torch")
+    with xpuprof.profile(tmp_path / "s", level="op"):
+        for i in range(2):
+            xpuprof.step(i)
+            torch.ones(4).sum()
+    with xpuprof.load(tmp_path / "s") as t:
+        meta = t.sources[0]["meta"]["xpuprof_capture"]
+    assert meta["cpus"] == len(os.sched_getaffinity(0))

@@ -347,6 +347,9 @@ class Profile:
             "telemetry": self._telemetry.status if self._telemetry is not None else {},
             "pid": os.getpid(),
             "host_name": os.uname().nodename if hasattr(os, "uname") else None,
+            # the CPUs the process may run on (what its threads and workers share)
+            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count(),
             # the store's rank when torch.distributed is not initialised (torchrun sets RANK)
             "rank": int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None,
         }

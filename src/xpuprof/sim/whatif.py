@@ -203,7 +203,7 @@ def whatif(
     notes = []
     events = _names(trace, g) if parsed else None
     for c in parsed:
-        notes.append(_apply(c, g, events, delay, keep))  # type: ignore[arg-type]
+        notes.append(_apply(c, g, events, delay, keep, _cpus(trace)))  # type: ignore[arg-type]
     sched = run(g, delay, keep)
     off = g.nodes.time - g.aligned
     time = sched.time + off
@@ -252,7 +252,7 @@ def _select(c: Change, events: pd.DataFrame) -> np.ndarray:
 
 
 def _apply(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray,
-           keep: np.ndarray) -> str:  # fmt: skip
+           keep: np.ndarray, cpus: dict[int, int]) -> str:  # fmt: skip
     """Apply ``c`` to ``delay``/``keep`` in place; a note saying what it touched."""
     e = g.edges
     if c.verb == "scale":
@@ -296,17 +296,20 @@ def _apply(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray,
         delay[pick] = 0
         return f"{c.text}: {len(ids):,} input-pipeline events take no time"
     if c.verb == "dataloader-workers":
-        return _workers(c, g, events, delay)
+        return _workers(c, g, events, delay, cpus)
     raise AssertionError(c.verb)
 
 
-def _workers(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray) -> str:
+def _workers(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray,
+             cpus_by_part: dict[int, int]) -> str:  # fmt: skip
     """``dataloader-workers=N``: N worker processes make the batches while the step computes,
-    so in steady state the main thread waits for a batch only when one worker's batch time
-    over N exceeds the rest of the step: each input span (outermost, ``T``) shrinks to
-    max(0, T/N − C), C = the measured step time outside its input spans; everything inside
-    it shrinks alike. The first batch's cold start and the cost of shipping batches between
-    processes are not in the trace, so not in the prediction."""
+    so in steady state a step lasts max(C, T/N, (C + T)/P): C = the measured step time outside
+    its input spans (the step's own work), T = its input spans' time (one batch, made by one
+    worker), P = the CPUs the process could use (recorded by ``xpuprof.profile``; without it
+    no CPU bound applies, and a note says so) — the workers and the main process share them.
+    Each input span (outermost) shrinks to that step minus C, what is inside it alike. The
+    first batch's cold start and the cost of shipping batches between processes are not in
+    the trace, so not in the prediction."""
     n = g.nodes
     ids = _select(Change(c.text, "scale", (), c.pattern), events)
     starts = np.sort(np.flatnonzero((n.kind == 0) & np.isin(n.event, ids)))
@@ -324,19 +327,34 @@ def _workers(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray)
     for s0, s1 in zip(steps.tolist(), step_ends.tolist(), strict=True):
         mine = np.flatnonzero((n.part[starts] == n.part[s0]) & (n.time[starts] >= n.time[s0])
                               & (n.time[starts] <= n.time[s1]))  # fmt: skip
-        rest = int(n.time[s1] - n.time[s0] - span_ns[mine].sum())  # the step's own compute
+        t_in = float(span_ns[mine].sum())
+        rest = float(n.time[s1] - n.time[s0]) - t_in  # the step's own work
+        cpus = cpus_by_part.get(int(n.part[s0]))
+        step = max(rest, t_in / c.factor, (rest + t_in) / cpus if cpus else 0.0)
         for k in mine.tolist():
             t = float(span_ns[k])
-            factor = max(0.0, t / c.factor - rest) / t if t > 0 else 0.0
+            factor = (step - rest) * (t / t_in) / t if t > 0 and t_in > 0 else 0.0
             pick = along[(dst > starts[k]) & (dst <= ends[k])]
             delay[pick] = np.rint(delay[pick] * factor).astype(np.int64)
             changed += 1
     if not changed:
         raise XpuprofError(f"change {c.text!r}: no input span lies inside a profiler step")
-    return (
-        f"{c.text}: {changed:,} input spans shrunk to max(0, batch time / {int(c.factor)} − "
-        "the rest of the step)"
-    )
+    cpus = sorted({cpus_by_part[int(p)] for p in np.unique(n.part[starts])
+                   if cpus_by_part.get(int(p))})  # fmt: skip
+    bound = (f"{'/'.join(map(str, cpus))} CPUs shared by the workers and the main process"
+             if cpus else "no CPU count recorded (capture with xpuprof.profile to record it): "
+             "the workers are assumed to have CPUs of their own")  # fmt: skip
+    return f"{c.text}: {changed:,} input spans shrunk ({bound})"
+
+
+def _cpus(trace: Trace) -> dict[int, int]:
+    """Per part, the CPUs the captured process could use (``xpuprof.profile`` records them)."""
+    out = {}
+    for s in trace.sources:
+        n = ((s.get("meta") or {}).get("xpuprof_capture") or {}).get("cpus")
+        if isinstance(n, int) and n > 0:
+            out[int(s["part"])] = n
+    return out
 
 
 def ends_of(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
