@@ -162,7 +162,8 @@ def main() -> None:
     print(f"What-if validation — {res['date']} — {res['machine']}; collate {res['collate_ms']} "
           f"ms, {res['steps']} steps, median of {res['runs']} runs\n")  # fmt: skip
     print("| case | change | predicted ms | measured ms | error % | speedup predicted | "
-          "speedup measured | predicted by ratio ms |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+          "speedup measured | predicted by ratio ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, c in res["cases"].items():
         print(f"| {name} | `{c['change']}` | {c['predicted'] * 1e3:.2f} | "
               f"{c['measured'] * 1e3:.2f} | {c['error_pct']:+.1f} | "

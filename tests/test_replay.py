@@ -454,3 +454,25 @@ def test_a_cycle_in_a_graph_is_cut_and_reported_not_looped_on(tmp_path):
         cross = np.flatnonzero(~bad.timeline)
         assert len(e.src) in cross[sched.cycles[0]]  # the added edge is on the cycle cut
         assert (sched.time == g.aligned).all()
+
+
+def test_hand_offs_between_host_threads_are_inferred(tmp_path):
+    """Main thread (tid 1): step 0–96 ms, "forward" 0–30 ms, then idle until "optimizer"
+    80.5–93.5 ms. Autograd thread (tid 2): "backward" 30.2–80 ms. No fwdbwd flow (as in 2021
+    traces): inferred, the backward waits for the forward's end (0.2 ms later), the optimizer
+    for the backward's end (0.5 ms later). The forward ×2 (0–60 ms): backward 60.2–110,
+    optimizer 110.5–123.5, the step ends 2.5 ms later: 126 ms."""
+    tb = TraceBuilder(rank=0)
+    tb.step(0, ts=0, dur=96_000)
+    tb.op("forward", 0, 30_000)
+    tb.op("backward", 30_200, 49_800, tid=2)
+    tb.op("optimizer", 80_500, 13_000)
+    with tb.load(tmp_path) as t:
+        rp = replay(t)
+        assert rp.graph.edge_counts()["handoff"] == 2
+        fwd = int(t.sql("select id from events where name = 'forward'")["id"][0])
+        r2 = replay(t, costs=Scaled(2.0, kinds=("host_work",), events=[fwd]))
+        ev = r2.events().set_index("name")
+        assert ev.loc["backward", "sim_ts"] / US == 60_200
+        assert ev.loc["optimizer", "sim_ts"] / US == 110_500
+        assert _step_us(r2) == 126_000

@@ -20,6 +20,7 @@ from xpuprof.sim.graph import (
     DEVICE_START,
     DEVICE_WORK,
     FWDBWD,
+    HANDOFF,
     HOST,
     HOST_END,
     HOST_GAP,
@@ -117,7 +118,7 @@ def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.Dat
     )  # fmt: skip
     # host nodes: start and end of each in-window host event, thread by thread
     rows = np.flatnonzero(in_win)
-    hs = _host_nodes(b, part, host, rows)
+    hs = _host_nodes(b, part, host, rows, h.level.isin(("step", "annotation")).to_numpy())
     # device work: launched by an in-window call, or (no launch) starting in the window
     call_of = gb.first_runtime_call(host) if len(h) else pd.Series(dtype=np.int64)
     call = gb.i64(d.correlation.map(call_of)) if len(d) else np.empty(0, np.int64)
@@ -140,6 +141,12 @@ def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.Dat
     sync_src, sync_dst, sw_src, sw_dst = _syncs(b, part, h, s, host, call_of, work,
                                                 ds["start"][launched], hs)  # fmt: skip
     f_src, f_dst = _fwdbwd(fb, ids, hs)
+    h_src, h_dst = _handoffs(hs["points"])
+    if len(h_src):
+        b.notes.append(f"part {part}: {len(h_src)} hand-offs between host threads inferred (a "
+                       "thread that resumes after an idle gap right after another thread of its "
+                       "process ends an event: the autograd thread and the main thread, a "
+                       "worker and its caller)")  # fmt: skip
     # typical delays of this part (medians of clean observations)
     typ = _typical(b, part, work, d, ds, launched, sync_src, sync_dst)
     if s.empty and len(work):
@@ -149,6 +156,7 @@ def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.Dat
     b.add_edges(sync_src, sync_dst, SYNC, typ["wake_ns"], False)
     b.add_edges(sw_src, sw_dst, STREAM_WAIT_EVENT, 0, False)
     b.add_edges(f_src, f_dst, FWDBWD, 0, False)
+    b.add_edges(h_src, h_dst, HANDOFF, 0, False)
     b.add_edges(ds["gap_src"], ds["gap_dst"], STREAM_ORDER, typ["queue_gap_ns"], True)
     ew = d.is_event_wait.to_numpy(bool) if len(d) else np.empty(0, bool)
     b.unmodel(part, "stream wait", gb.i64(d.id)[ew] if len(d) else ew, "a device-side "
@@ -168,14 +176,15 @@ def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.Dat
     )
 
 
-def _host_nodes(b: Builder, part: int, host: gb.HostCalls, rows: np.ndarray) -> dict:
+def _host_nodes(b: Builder, part: int, host: gb.HostCalls, rows: np.ndarray,
+                is_span: np.ndarray) -> dict:  # fmt: skip
     """Start and end nodes of the host events ``rows``, thread by thread in time order (at
     equal times ends first, inner ends before outer ones, then zero-length events, then
     starts, outer before inner)."""
     start_of = np.full(len(host.id), -1, np.int64)
     end_of = np.full(len(host.id), -1, np.int64)
     if not len(rows):
-        return {"start": start_of, "end": end_of}
+        return {"start": start_of, "end": end_of, "points": None}
     pid, tid, depth = (np.tile(a[rows], 2) for a in (host.pid, host.tid, host.depth))
     is_start = np.repeat([True, False], len(rows))
     time = np.r_[host.ts[rows], host.end[rows]]
@@ -208,7 +217,13 @@ def _host_nodes(b: Builder, part: int, host: gb.HostCalls, rows: np.ndarray) -> 
     event = np.where((charged >= 0) & (kind == HOST_WORK), host.id[np.maximum(charged, 0)], -1)
     inner = ~first
     b.add_edges(node[inner] - 1, node[inner], kind[inner], 0, True, event[inner])
-    return {"start": start_of, "end": end_of}
+    # a start the thread may have waited for: its first, or one after a stretch in no op or
+    # runtime call (between top-level events, or inside a step or annotation span only)
+    idle = np.where(kind == HOST_GAP, True, (charged >= 0) & is_span[np.maximum(charged, 0)])
+    gap = np.where(first, np.iinfo(np.int64).max, np.r_[0, np.diff(time)])
+    return {"start": start_of, "end": end_of,
+            "points": {"node": node, "time": time, "pid": pid, "tid": tid, "is_start": is_start,
+                       "after_gap": is_start & (first | idle), "gap": gap}}  # fmt: skip
 
 
 def _device_nodes(b: Builder, part: int, d: pd.DataFrame) -> dict:
@@ -437,3 +452,44 @@ def _lanes(d: pd.DataFrame, call: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]
         return d.assign(lane=lane), call
     o = np.lexsort((gb.i64(d.id), start, lane, gb.i64(d.stream), gb.i64(d.device)))
     return d.iloc[o].reset_index(drop=True).assign(lane=lane[o]), call[o]
+
+
+#: A thread resumes at most this long after another thread's event ends (the wake-up: 160 µs
+#: from the main thread's grad seed to the autograd thread's first backward op in the 2021
+#: ResNet-50 traces)…
+HANDOFF_NS = 1_000_000
+#: …after an idle stretch at least this long (so that a thread's own short pauses are not
+#: read as waiting for another).
+HANDOFF_GAP_NS = 1_000_000
+
+
+def _handoffs(points: dict | None) -> tuple[np.ndarray, np.ndarray]:
+    """Hand-offs between host threads that the trace records only by their timing: a
+    top-level event that starts after an idle gap of at least :data:`HANDOFF_GAP_NS` on its
+    thread, within :data:`HANDOFF_NS` after an event of another thread of the same process
+    ended (the latest such end). The autograd thread starting the backward pass when the main
+    thread's forward ends, and the main thread resuming when the backward pass ends, without
+    ``fwdbwd`` flows (older traces) or any flow at all (the return). Returns (end node, start
+    node) pairs."""
+    e = np.empty(0, np.int64)
+    if points is None:
+        return e, e
+    node, time, pid, tid = points["node"], points["time"], points["pid"], points["tid"]
+    cand = np.flatnonzero(points["after_gap"] & (points["gap"] >= HANDOFF_GAP_NS))
+    ends = np.flatnonzero(~points["is_start"])
+    if not len(cand) or not len(ends):
+        return e, e
+    src, dst = [], []
+    for p in np.unique(pid[cand]).tolist():
+        mine_e = ends[pid[ends] == p]
+        mine_e = mine_e[np.argsort(time[mine_e], kind="stable")]
+        mine_c = cand[pid[cand] == p]
+        # the last end of the process at or before each candidate's start
+        pos = np.searchsorted(time[mine_e], time[mine_c], "right") - 1
+        ok = pos >= 0
+        j = mine_e[np.maximum(pos, 0)]
+        ok &= (tid[j] != tid[mine_c]) & (time[mine_c] - time[j] <= HANDOFF_NS)
+        src.append(node[j[ok]])
+        dst.append(node[mine_c[ok]])
+    return np.concatenate(src), np.concatenate(dst)
+

@@ -55,9 +55,10 @@ NODE_KINDS = ("host_start", "host_end", "device_start", "device_end", "rendezvou
 HOST_START, HOST_END, DEVICE_START, DEVICE_END, RENDEZVOUS = range(5)
 
 EDGE_KINDS = ("host_work", "host_gap", "device_work", "device_communication", "stream_order",
-              "launch", "sync", "stream_wait_event", "fwdbwd", "collective")  # fmt: skip
+              "launch", "sync", "stream_wait_event", "fwdbwd", "collective",
+              "handoff")  # fmt: skip
 (HOST_WORK, HOST_GAP, DEVICE_WORK, DEVICE_COMMUNICATION, STREAM_ORDER, LAUNCH, SYNC,
- STREAM_WAIT_EVENT, FWDBWD, COLLECTIVE) = range(len(EDGE_KINDS))  # fmt: skip
+ STREAM_WAIT_EVENT, FWDBWD, COLLECTIVE, HANDOFF) = range(len(EDGE_KINDS))  # fmt: skip
 
 #: One line per edge kind, for the replay's edge table.
 EDGE_MEANING = {
@@ -71,6 +72,7 @@ EDGE_MEANING = {
     "stream_wait_event": "recorded work → the waiting stream's next work",
     "fwdbwd": "forward op → its backward op",
     "collective": "each participant's start → rendezvous → each participant's end",
+    "handoff": "an event of one host thread → the next event of another (inferred)",
 }
 
 #: Timeline kinds.

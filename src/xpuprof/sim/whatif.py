@@ -72,7 +72,7 @@ CATEGORY = {
     "host_work": "host", "host_gap": "host", "launch": "launch",
     "device_work": "device compute", "device_communication": "communication",
     "collective": "communication", "sync": "waiting", "stream_wait_event": "waiting",
-    "stream_order": "waiting", "fwdbwd": "waiting",
+    "stream_order": "waiting", "fwdbwd": "waiting", "handoff": "waiting",
 }  # fmt: skip
 CATEGORIES = ("host", "launch", "device compute", "communication", "waiting", "late start")
 SUMMARY_COLUMNS = ["rank", "part", "steps", "baseline_ns", "predicted_ns", "speedup",

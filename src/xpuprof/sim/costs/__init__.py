@@ -66,3 +66,12 @@ def resolve(costs: str | CostModel) -> CostModel:
             return Measured()
         raise ValueError(f"unknown cost model {costs!r}: this version has 'measured'")
     return costs
+
+
+# the models that price events from what they are (FLOPs, bytes, shapes), after the base ones
+# they build on (they import Measured lazily: no cycle)
+from xpuprof.sim.costs.roofline import CostModelError, RooflineCosts  # noqa: E402
+from xpuprof.sim.costs.systolic import SystolicArray, SystolicCosts  # noqa: E402
+
+__all__ = ["CostModel", "CostModelError", "Measured", "RooflineCosts", "Scaled",
+           "SystolicArray", "SystolicCosts", "resolve"]  # fmt: skip
