@@ -195,3 +195,36 @@ def test_a_capture_records_the_cpus_it_could_use(tmp_path):
     with xpuprof.load(tmp_path / "s") as t:
         meta = t.sources[0]["meta"]["xpuprof_capture"]
     assert meta["cpus"] == len(os.sched_getaffinity(0))
+
+
+def test_priced_changes_parse():
+    c = parse("collective:algorithm=tree,protocol=simple,channels=12,world=16")
+    assert c.verb == "collective" and '"world": 16' in c.pattern
+    assert parse("device=h100-sxm").pattern == "h100-sxm"
+    for bad, says in (("collective:speed=2", "KEY one of"), ("collective:channels=x",
+                      "not a number"), ("collective:", "say what changes"),
+                      ("device=", "name the device")):  # fmt: skip
+        with pytest.raises(XpuprofError, match=says):
+            parse(bad)
+
+
+def test_a_collective_change_moves_every_ranks_end(tmp_path):
+    """The 4-rank job of tests/test_replay.py (rank 3 arrives last, at 66 µs; its kernel is
+    the 20 µs transfer; no GPU recorded, so the topology is named): with the Simple protocol
+    every rank's all-reduce ends at
+    66 µs + 20 µs × (NCCL's model: Simple / as recorded), the ratio read from the model's own
+    predictions table."""
+    from tests.test_replay import ALLREDUCE, _four_ranks
+    from xpuprof.sim.netmodel.costs import CollectiveCosts
+
+    with xpuprof.load(_four_ranks(tmp_path)) as t:
+        ratio = CollectiveCosts.of(t, relative=True, protocol="simple",
+                                   topology="dgx-a100").predictions()["ratio"]  # fmt: skip
+        assert ratio.nunique() == 1 and ratio.iloc[0] != 1
+        w = whatif(t, ["collective:protocol=simple,topology=dgx-a100"])
+        ev = w.baseline.events()
+        g = w.baseline.graph
+        end = {int(e): int(w.time[i]) for i, e in enumerate(g.nodes.event) if g.nodes.kind[i] == 3}
+        ends = [end[i] for i in ev.loc[ev["name"] == ALLREDUCE, "id"]]
+        want = 66 * US + round(20 * US * float(ratio.iloc[0]))
+        assert all(abs(x - want) <= 1 for x in ends), (ends, want)

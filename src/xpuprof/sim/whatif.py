@@ -19,7 +19,9 @@ shifts between categories of work (host, launch, device compute, communication, 
 - ``no-input-wait[:REGEX]``: the host spans of the input pipeline (DataLoader iterator spans,
   or REGEX) take no time;
 - ``dataloader-workers[:REGEX]=N``: the input pipeline gets N worker processes: each input
-  span shrinks to max(0, its time / N − the rest of its step).
+  span shrinks to max(0, its time / N − the rest of its step);
+- ``device=KEY``: the roofline calibrated on the trace, on another device;
+- ``collective:K=V,…``: NCCL's model of the changed collectives, relative to the trace.
 
 Only what the trace measured is moved: a change prices nothing new (the roofline, systolic
 and collective models do that), so a prediction is as good as the graph's dependencies
@@ -28,6 +30,7 @@ and collective models do that), so a prediction is as good as the graph's depend
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -98,6 +101,10 @@ def parse(text: str) -> Change:
     head, _, factor_text = t.partition("=")
     verb, _, arg = head.partition(":")
     verb = verb.strip().lower()
+    if verb in ("device", "collective"):  # their value is a name or settings, not a factor
+        if verb == "collective":
+            arg, factor_text = t.partition(":")[2], ""
+        return _named(t, verb, arg, factor_text)
     factor = 0.0
     if factor_text:
         try:
@@ -133,6 +140,40 @@ def parse(text: str) -> Change:
                        "FACTOR, host-gaps=FACTOR, no-sync[:REGEX], cuda-graphs[:REGEX], "
                        "no-input-wait[:REGEX], dataloader-workers[:REGEX]=N "
                        "(docs/whatif.md)")  # fmt: skip
+
+
+def _named(t: str, verb: str, arg: str, value: str) -> Change:
+    """``device=KEY`` and ``collective:K=V,K=V``."""
+    if verb == "device":
+        if not value.strip():
+            raise XpuprofError(f"change {t!r}: name the device, e.g. device=h100-sxm "
+                               "(xpuprof hardware lists them)")  # fmt: skip
+        return Change(t, verb, pattern=value.strip())
+    return Change(t, verb, pattern=json.dumps(_settings(t, arg), sort_keys=True))
+
+
+#: What ``collective:`` may set, and how each value is read.
+COLLECTIVE_SETTINGS = {"algorithm": str, "protocol": str, "channels": int, "world": int,
+                       "topology": str, "chunk": float, "model": str}  # fmt: skip
+
+
+def _settings(text: str, arg: str) -> dict[str, object]:
+    """``algorithm=tree,protocol=simple,…`` as a dict (names checked, values typed)."""
+    out: dict[str, object] = {}
+    for item in filter(None, (x.strip() for x in arg.split(","))):
+        k, _, v = item.partition("=")
+        k = k.strip().lower()
+        if k not in COLLECTIVE_SETTINGS or not v.strip():
+            raise XpuprofError(f"change {text!r}: {item!r}: expected KEY=VALUE with KEY one of "
+                               f"{', '.join(COLLECTIVE_SETTINGS)}")  # fmt: skip
+        try:
+            out[k] = COLLECTIVE_SETTINGS[k](v.strip())
+        except ValueError:
+            raise XpuprofError(f"change {text!r}: {k}={v!r} is not a number") from None
+    if not out:
+        raise XpuprofError(f"change {text!r}: say what changes, e.g. "
+                           "collective:algorithm=tree,protocol=simple")  # fmt: skip
+    return out
 
 
 def _regex(text: str, pattern: str | None) -> str | None:
@@ -202,7 +243,10 @@ def whatif(
     keep = np.ones(len(g.edges), bool)
     notes = []
     events = _names(trace, g) if parsed else None
-    for c in parsed:
+    # changes that a cost model prices come first, each on the delays so far
+    for c in (c for c in parsed if c.verb in ("device", "collective")):
+        notes.append(_priced(c, trace, g, delay))
+    for c in (c for c in parsed if c.verb not in ("device", "collective")):
         notes.append(_apply(c, g, events, delay, keep, _cpus(trace)))  # type: ignore[arg-type]
     sched = run(g, delay, keep)
     off = g.nodes.time - g.aligned
@@ -297,6 +341,8 @@ def _apply(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray,
         return f"{c.text}: {len(ids):,} input-pipeline events take no time"
     if c.verb == "dataloader-workers":
         return _workers(c, g, events, delay, cpus)
+    if c.verb in ("device", "collective"):
+        raise AssertionError("priced by a cost model: see _priced")
     raise AssertionError(c.verb)
 
 
@@ -362,6 +408,41 @@ def ends_of(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
     n = g.nodes
     e = pd.Series(np.flatnonzero(n.kind == 1), index=n.event[n.kind == 1])
     return e[~e.index.duplicated()].reindex(ids).to_numpy()
+
+
+@dataclass(frozen=True)
+class _Fixed:
+    """The delays so far, as the base a cost model prices on top of."""
+
+    values: np.ndarray
+
+    def delays(self, graph: ReplayGraph) -> np.ndarray:
+        return self.values
+
+
+def _priced(c: Change, trace: Trace, g: ReplayGraph, delay: np.ndarray) -> str:
+    """``device=KEY``: the roofline model calibrated on the trace, on the new device
+    (``sim/costs/roofline.py``); ``collective:…``: each matched collective's transfer time
+    × model(changed) / model(as recorded) (``sim/netmodel``). In place on ``delay``."""
+    base = _Fixed(delay.copy())
+    if c.verb == "device":
+        from xpuprof.sim.costs import RooflineCosts
+
+        model = RooflineCosts(trace, device=c.pattern, base=base)
+        new = np.asarray(model.delays(g), np.int64)
+        priced = int((new != delay).sum())
+        delay[:] = new
+        return f"{c.text}: {priced:,} edges repriced by the roofline calibrated on the trace"
+    from xpuprof.sim.netmodel.costs import CollectiveCosts
+
+    settings = json.loads(c.pattern or "{}")
+    renamed = {"world": "world_size", "chunk": "chunk_bytes"}
+    kw = {renamed.get(k, k): v for k, v in settings.items()}
+    model = CollectiveCosts.of(trace, relative=True, base=base, **kw)
+    new = np.asarray(model.delays(g), np.int64)
+    priced = int((new != delay).sum())
+    delay[:] = new
+    return f"{c.text}: {priced:,} collective edges repriced (NCCL's model, relative to the trace)"
 
 
 def _inside(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:

@@ -622,7 +622,9 @@ TOOLS: tuple[Tool, ...] = (
          "measured replay (step time, speedup, critical-path shift; docs/whatif.md).",
          options=(Option("change", "A change: scale:SELECTOR=FACTOR, host-gaps=FACTOR, "
                                    "no-sync[:REGEX], cuda-graphs[:REGEX], "
-                                   "no-input-wait[:REGEX]; repeat it or separate by ';'.",
+                                   "no-input-wait[:REGEX], dataloader-workers=N, "
+                                   "device=KEY, collective:K=V,…; repeat it or separate by "
+                                   "';' (docs/whatif.md).",
                          type=list[str]),)),
     Tool("diff", "xpuprof.analysis.diff:diff",
          "The step-time delta between two traces split into where the time goes, then the "
