@@ -12,6 +12,11 @@ and the baseline also under ``xpuprof.profile(level="op")``:
 * **2 workers**: ``num_workers=2``, the slow collate in worker processes — predicted by
   ``dataloader-workers=2``.
 
+A GPU case from the shared traces, when ``../shared/traces`` (or ``$XPUPROF_TEST_TRACES``) is
+there: ResNet-50 on a V100 (2021) with ``num_workers=0`` and with ``num_workers=4`` — the second
+predicted from the first by ``dataloader-workers=4`` and compared with its recorded steps
+(mean and median of the host step spans; the traces are the measurements, nothing is rerun).
+
 A prediction is the unprofiled baseline step minus the time the replay says the change saves
 (baseline replay − changed replay, mean step): profiling at level ``op`` inflates the ops, not
 the Python time outside them that these changes remove, so the saving in ns carries over to
@@ -148,6 +153,42 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
+def resnet_pair() -> dict | None:
+    """Predict the num_workers=4 ResNet-50 trace from the num_workers=0 one (module
+    docstring); None without the shared traces."""
+    import os
+
+    import xpuprof
+    from xpuprof.sim import replay
+    from xpuprof.sim.whatif import whatif
+
+    root = Path(os.environ.get("XPUPROF_TEST_TRACES") or ROOT.parent / "shared" / "traces")
+    d = root / "kineto" / "gpu" / "resnet50_v100_2021"
+    if not (d / "num_workers_0.pt.trace.json.gz").exists():
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        stores = {}
+        for n in (0, 4):
+            stores[n] = Path(tmp) / f"w{n}.store"
+            xpuprof.import_traces([d / f"num_workers_{n}.pt.trace.json.gz"], stores[n])
+        with xpuprof.load(stores[0]) as t0:
+            w = whatif(t0, ["dataloader-workers=4"])
+            predicted = w.steps["predicted_ns"].to_numpy() / 1e6
+            baseline = w.steps["baseline_ns"].to_numpy() / 1e6
+        with xpuprof.load(stores[4]) as t4:
+            measured = replay(t4).steps["measured_ns"].to_numpy() / 1e6
+    row = {"change": "dataloader-workers=4", "baseline_ms": float(statistics.mean(baseline)),
+           "predicted_ms": float(statistics.mean(predicted)),
+           "measured_ms": float(statistics.mean(measured)),
+           "predicted_median_ms": float(statistics.median(predicted)),
+           "measured_median_ms": float(statistics.median(measured)),
+           "measured_steps_ms": [round(float(x), 1) for x in measured]}  # fmt: skip
+    row["error_pct"] = 100 * (row["predicted_ms"] - row["measured_ms"]) / row["measured_ms"]
+    row["error_median_pct"] = 100 * (row["predicted_median_ms"] - row["measured_median_ms"]) / (
+        row["measured_median_ms"])
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
@@ -156,6 +197,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     res = run(args)
+    res["resnet50_pair"] = resnet_pair()
     if args.json:
         print(json.dumps(res, indent=1))
         return
@@ -170,6 +212,15 @@ def main() -> None:
               f"{c['speedup_predicted']:.2f} | {c['speedup_measured']:.2f} | "
               f"{c['predicted_by_ratio'] * 1e3:.2f} |")  # fmt: skip
     print(f"\n|error| median {res['median_error_pct']:.1f} %, worst {res['worst_error_pct']:.1f} %")
+    r = res["resnet50_pair"]
+    if r is None:
+        print("\nResNet-50 pair: ../shared/traces not found, skipped")
+        return
+    print(f"\nResNet-50 V100 (shared traces), num_workers 0 → 4 by `{r['change']}`: mean step "
+          f"{r['baseline_ms']:.1f} ms → predicted {r['predicted_ms']:.1f} ms, recorded "
+          f"{r['measured_ms']:.1f} ms ({r['error_pct']:+.1f} %); median predicted "
+          f"{r['predicted_median_ms']:.1f} ms, recorded {r['measured_median_ms']:.1f} ms "
+          f"({r['error_median_pct']:+.1f} %); recorded steps {r['measured_steps_ms']} ms")
 
 
 if __name__ == "__main__":
