@@ -242,7 +242,7 @@ def whatif(
     delay = g.edges.delay.copy()
     keep = np.ones(len(g.edges), bool)
     notes = []
-    events = _names(trace, g) if parsed else None
+    events = _Names(trace, g) if parsed else None
     # changes that a cost model prices come first, each on the delays so far
     for c in (c for c in parsed if c.verb in ("device", "collective")):
         notes.append(_priced(c, trace, g, delay))
@@ -263,31 +263,48 @@ def whatif(
 # -- the changes ------------------------------------------------------------------------------
 
 
-def _names(trace: Trace, g: ReplayGraph) -> pd.DataFrame:
-    """``id``, ``level``, ``name`` of the events of the replayed parts at the replayed levels
-    (a change selects among them; one scan, no join)."""
-    from xpuprof.core.names import DEVICE_LEVELS
-    from xpuprof.sim.build import HOST_LEVELS
+class _Names:
+    """``id``, ``level``, ``name`` of the events of the replayed parts, read per set of levels
+    on first use (a change on kernels reads the kernels only; one scan each, no join)."""
 
-    levels = ", ".join(f"'{x}'" for x in (*HOST_LEVELS, *DEVICE_LEVELS))
-    parts = ", ".join(map(str, g.parts)) or "null"
-    return trace.sql(
-        f"select id, level, name from events where part in ({parts}) and level in ({levels})"
-    )
+    def __init__(self, trace: Trace, g: ReplayGraph) -> None:
+        self.trace, self.parts = trace, ", ".join(map(str, g.parts)) or "null"
+        self.cache: dict[tuple[str, ...], pd.DataFrame] = {}
+
+    def frame(self, levels: tuple[str, ...] = ()) -> pd.DataFrame:
+        from xpuprof.core.names import DEVICE_LEVELS
+        from xpuprof.sim.build import HOST_LEVELS
+
+        levels = tuple(sorted(levels or (*HOST_LEVELS, *DEVICE_LEVELS)))
+        if levels not in self.cache:
+            inside = ", ".join(f"'{x}'" for x in levels)
+            self.cache[levels] = self.trace.sql(
+                f"select id, level, name from events where part in ({self.parts}) "
+                f"and level in ({inside})")  # fmt: skip
+        return self.cache[levels]
 
 
-def _select(c: Change, events: pd.DataFrame) -> np.ndarray:
+def _member(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is in ``ids`` (a binary search in the sorted ids: event ids
+    are too sparse for a table, and ``np.isin`` sorts both sides)."""
+    ids = np.unique(np.asarray(ids, np.int64))
+    if not len(ids):
+        return np.zeros(len(values), bool)
+    pos = np.minimum(np.searchsorted(ids, values), len(ids) - 1)
+    return ids[pos] == values
+
+
+def _select(c: Change, names: _Names) -> np.ndarray:
     """Ids of the replayed events ``c`` selects (an error when none)."""
+    events = names.frame(c.levels)
     mask = np.ones(len(events), bool)
-    if c.levels:
-        mask &= events["level"].isin(c.levels).to_numpy()
     if c.pattern:
         codes, names = pd.factorize(events["name"].astype(str))
         rx = re.compile(c.pattern)
         hit = np.fromiter((rx.search(x) is not None for x in names), bool, len(names))
         mask &= hit[codes]
     if not mask.any():
-        have = events.loc[events["level"].isin(c.levels) if c.levels else slice(None), "name"]
+        have = events["name"]
         top = have.value_counts().index[:8].tolist()
         where = (f"names there include: {', '.join(map(str, top))}" if top
                  else f"the trace has no {'/'.join(c.levels)} events")  # fmt: skip
@@ -295,31 +312,31 @@ def _select(c: Change, events: pd.DataFrame) -> np.ndarray:
     return events["id"].to_numpy()[mask]
 
 
-def _apply(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray,
+def _apply(c: Change, g: ReplayGraph, events: _Names, delay: np.ndarray,
            keep: np.ndarray, cpus: dict[int, int]) -> str:  # fmt: skip
     """Apply ``c`` to ``delay``/``keep`` in place; a note saying what it touched."""
     e = g.edges
     if c.verb == "scale":
         ids = _select(c, events)
         work = np.isin(e.kind, (HOST_WORK, DEVICE_WORK, DEVICE_COMMUNICATION))
-        pick = work & np.isin(e.event, ids)
+        pick = work & _member(e.event, ids)
         # a matched collective's transfer time is carried by its rendezvous edges too
         out_of_rz = (e.kind == COLLECTIVE) & (g.nodes.kind[e.src] == RENDEZVOUS)
-        pick |= out_of_rz & np.isin(g.nodes.event[e.dst], ids)
+        pick |= out_of_rz & _member(g.nodes.event[e.dst], ids)
         delay[pick] = np.rint(delay[pick] * c.factor).astype(np.int64)
         return f"{c.text}: {len(ids):,} events, {int(pick.sum()):,} edges scaled"
     if c.verb == "host-gaps":
         # host time in no op or runtime call: between top-level events, or inside a step
         # span but outside its ops (Python, the optimizer loop, dispatch)
-        steps = events.loc[events["level"] == "step", "id"].to_numpy()
-        pick = (e.kind == HOST_GAP) | ((e.kind == HOST_WORK) & np.isin(e.event, steps))
+        steps = events.frame(("step",))["id"].to_numpy()
+        pick = (e.kind == HOST_GAP) | ((e.kind == HOST_WORK) & _member(e.event, steps))
         delay[pick] = np.rint(delay[pick] * c.factor).astype(np.int64)
         return f"{c.text}: {int(pick.sum()):,} stretches of host time outside ops scaled"
     if c.verb == "no-sync":
         pick = e.kind == SYNC
         if c.pattern:
             ids = _select(Change(c.text, "scale", ("runtime",), c.pattern), events)
-            pick &= np.isin(g.nodes.event[e.dst], ids)
+            pick &= _member(g.nodes.event[e.dst], ids)
         if not pick.any():
             raise XpuprofError(f"change {c.text!r}: no host call waits for the device in the "
                                "replay graph (no sync edge)")  # fmt: skip
@@ -330,13 +347,13 @@ def _apply(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray,
         if c.pattern:
             region = _select(Change(c.text, "scale", (), c.pattern), events)
             calls = np.intersect1d(calls, _inside(g, region))
-        pick = (e.kind == HOST_WORK) & np.isin(e.event, calls)
+        pick = (e.kind == HOST_WORK) & _member(e.event, calls)
         delay[pick] = 0
         return f"{c.text}: the host time of {len(calls):,} launch calls removed"
     if c.verb == "no-input-wait":
         ids = _select(Change(c.text, "scale", (), c.pattern), events)
         ids = np.union1d(ids, _inside(g, ids))
-        pick = (e.kind == HOST_WORK) & np.isin(e.event, ids)
+        pick = (e.kind == HOST_WORK) & _member(e.event, ids)
         delay[pick] = 0
         return f"{c.text}: {len(ids):,} input-pipeline events take no time"
     if c.verb == "dataloader-workers":
@@ -346,7 +363,7 @@ def _apply(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray,
     raise AssertionError(c.verb)
 
 
-def _workers(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray,
+def _workers(c: Change, g: ReplayGraph, events: _Names, delay: np.ndarray,
              cpus_by_part: dict[int, int]) -> str:  # fmt: skip
     """``dataloader-workers=N``: N worker processes make the batches while the step computes,
     so in steady state a step lasts max(C, T/N, (C + T)/P): C = the measured step time outside
@@ -358,14 +375,14 @@ def _workers(c: Change, g: ReplayGraph, events: pd.DataFrame, delay: np.ndarray,
     the trace, so not in the prediction."""
     n = g.nodes
     ids = _select(Change(c.text, "scale", (), c.pattern), events)
-    starts = np.sort(np.flatnonzero((n.kind == 0) & np.isin(n.event, ids)))
+    starts = np.sort(np.flatnonzero((n.kind == 0) & _member(n.event, ids)))
     ends = ends_of(g, n.event[starts])
     # outermost spans only (an input span inside another is part of it)
     outer = np.r_[True, starts[1:] > np.maximum.accumulate(ends)[:-1]]
     starts, ends = starts[outer], ends[outer]
     span_ns = n.time[ends] - n.time[starts]
     steps = np.flatnonzero((n.kind == 0) & np.isin(
-        n.event, events.loc[events["level"] == "step", "id"].to_numpy()))  # fmt: skip
+        n.event, events.frame(("step",))["id"].to_numpy()))  # fmt: skip
     step_ends = ends_of(g, n.event[steps])
     along = np.flatnonzero(g.edges.timeline & (g.edges.kind == HOST_WORK))
     dst = g.edges.dst[along]
@@ -450,7 +467,7 @@ def _inside(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
     between an event's start and end on its timeline)."""
     n = g.nodes
     host = n.kind <= 1
-    start = np.flatnonzero(host & (n.kind == 0) & np.isin(n.event, ids))
+    start = np.flatnonzero(host & (n.kind == 0) & _member(n.event, ids))
     end_of = pd.Series(np.flatnonzero(host & (n.kind == 1)),
                        index=n.event[host & (n.kind == 1)])  # fmt: skip
     end_of = end_of[~end_of.index.duplicated()]
