@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 DATA = Path(__file__).resolve().parents[1] / "bench-data"
-KINDS = ("split", "replay", "peer", "baseline")
+KINDS = ("split", "replay", "peer", "baseline", "whatif")
+#: The what-if measured (issue 12's target: a what-if on this store in < 5 s).
+WHATIF = ["scale:kernel=0.5"]
 TARGET_S, TARGET_RSS_MB, TARGET_NODES_PER_S = 3.0, 1024.0, 1e6
 
 
@@ -103,6 +105,12 @@ def child(kind: str, store: str) -> dict[str, Any]:
         nodes = sum(len(g.nodes) for g in graphs.values())
         edges = sum(len(g.edges) for g in graphs.values())
         out.update(graph_s=t2 - t1, path_s=t3 - t2, nodes=nodes, edges=edges, path_edges=length)
+    elif kind == "whatif":
+        from xpuprof.sim.whatif import whatif
+
+        w = whatif(trace, WHATIF)
+        out.update(whatif_s=time.perf_counter() - t1,
+                   speedup=float(w.summary["speedup"].mean()))  # fmt: skip
     elif kind != "baseline":
         raise SystemExit(f"unknown kind {kind!r}; expected one of {KINDS}")
     trace.close()
@@ -168,12 +176,15 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "deterministic": len(hashes) == 1 and len(rhashes) == 1,
         "hash_engine": sorted(hashes),
         "hash_replay": sorted(rhashes),
+        "whatif_s": med("whatif", "whatif_s"),
+        "whatif_runs_s": [r["whatif_s"] for r in by["whatif"]],
         "median_error_pct": rep["median_error_pct"],
         "worst_error_pct": rep["worst_error_pct"],
         "targets": {
             "replay_under_3s": replay_s < TARGET_S,
             "rss_under_1gb": rss < TARGET_RSS_MB,
             "nodes_per_s_over_1m": split["nodes"] / replay_s >= TARGET_NODES_PER_S,
+            "whatif_under_5s": med("whatif", "whatif_s") < 5,
         },
     }
 
@@ -228,6 +239,8 @@ def main() -> None:
     print(f"| peer: longest_path of every part | {s['peer_path_s']:.3f} | | | | |")
     print(f"| baseline: imports + open the store | {s['open_s']:.2f} (open) | | "
           f"{s['rss_mb_baseline']:.0f} MB | | |")  # fmt: skip
+    print(f"| what-if `{'; '.join(WHATIF)}` (two replays + critical paths) | "
+          f"{s['whatif_s']:.2f} | | | < 5 s | {yes(t['whatif_under_5s'])} |")  # fmt: skip
     print(f"\nreplay / peer (graph + longest path): {s['ratio_replay_to_peer']:.2f}×; graph "
           f"build / peer graph build: {s['ratio_graph_to_peer_graph']:.2f}× "
           f"(peer graph: {s['peer_nodes']:,} nodes, {s['peer_edges']:,} edges)")  # fmt: skip
