@@ -305,7 +305,9 @@ def _select(c: Change, names: _Names) -> np.ndarray:
         mask &= hit[codes]
     if not mask.any():
         have = events["name"]
-        top = have.value_counts().index[:8].tolist()
+        from xpuprof.core.text import short_name
+
+        top = list(dict.fromkeys(short_name(str(x)) for x in have.value_counts().index[:20]))[:6]
         where = (f"names there include: {', '.join(map(str, top))}" if top
                  else f"the trace has no {'/'.join(c.levels)} events")  # fmt: skip
         raise XpuprofError(f"change {c.text!r} selects no replayed event; {where}")
