@@ -138,8 +138,8 @@ def parse(text: str) -> Change:
         return Change(t, verb, pattern=_regex(text, arg or None) or default)
     raise XpuprofError(f"change {text!r}: unknown change {verb!r}; changes: scale:SELECTOR="
                        "FACTOR, host-gaps=FACTOR, no-sync[:REGEX], cuda-graphs[:REGEX], "
-                       "no-input-wait[:REGEX], dataloader-workers[:REGEX]=N "
-                       "(docs/whatif.md)")  # fmt: skip
+                       "no-input-wait[:REGEX], dataloader-workers[:REGEX]=N, device=KEY, "
+                       "collective:K=V,… (docs/whatif.md)")  # fmt: skip
 
 
 def _named(t: str, verb: str, arg: str, value: str) -> Change:
