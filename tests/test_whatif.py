@@ -9,7 +9,8 @@ import xpuprof
 from tests.builders import TraceBuilder
 from tests.conftest import cli, cli_json
 from xpuprof.core.errors import XpuprofError
-from xpuprof.sim.whatif import CATEGORIES, parse, whatif
+from xpuprof.sim.paths import CATEGORIES
+from xpuprof.sim.whatif import parse, whatif
 
 US = 1000
 
@@ -228,3 +229,16 @@ def test_a_collective_change_moves_every_ranks_end(tmp_path):
         ends = [end[i] for i in ev.loc[ev["name"] == ALLREDUCE, "id"]]
         want = 66 * US + round(20 * US * float(ratio.iloc[0]))
         assert all(abs(x - want) <= 1 for x in ends), (ends, want)
+
+
+def test_dataloader_workers_on_back_to_back_steps(tmp_path):
+    """Steps 0–30 and 30–60 with no gap: the second step's input span starts at the first's
+    end and belongs to the second only; each step still becomes 10 µs with 2 workers."""
+    tb = TraceBuilder(rank=0)
+    for n, t0 in ((0, 0), (1, 30)):
+        tb.step(n, ts=t0, dur=30)
+        tb.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t0, 20)
+        tb.op("compute", t0 + 20, 10)
+    with tb.load(tmp_path) as t:
+        w = whatif(t, ["dataloader-workers=2"])
+        assert (w.steps["predicted_ns"] / US).tolist() == [10, 10]

@@ -3,8 +3,9 @@
 A :class:`Finding` is one thing a person can change: the recommendation, what was found, the
 evidence (numbers from the critical path first, aggregate fractions after), the rank and steps
 it was seen on, the ids of the events it is about, and the most it can save per step — an
-upper bound (``docs/advise.md`` says how each rule bounds it; the simulator issue will replace
-it with a predicted gain).
+upper bound (``docs/advise.md`` says how each rule bounds it). With ``advise(predict=True)``
+a finding whose recommendation a what-if change expresses also carries the change replayed
+on the trace and what it is predicted to gain (``advise.predict`` defines those numbers).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ FLOOR_NS = 50_000
 class Finding:
     """One recommendation (see the module docstring). ``saved_ms_per_step`` is an upper
     bound (NaN: the rule cannot bound it, e.g. "make the device's own work faster");
-    ``saving`` says it in words."""
+    ``saving`` says it in words. ``change`` … ``prediction``: the what-if change that stands
+    for the recommendation and its predicted step, gain, the step it is judged on, the error
+    measured for that kind of change, and all of it in words (``advise.predict``)."""
 
     rule: str
     recommendation: str
@@ -47,6 +50,14 @@ class Finding:
     events: list[int] = field(default_factory=list)
     category: str = ""
     path_ms_per_step: float = 0.0  # its time on the critical path, per step (the ranking)
+    # the replayed prediction (``advise.predict``; None: not asked for, or no change for it)
+    change: str | None = None
+    predicted_step_ms: float | None = None
+    predicted_gain_ms: float | None = None
+    predicted_gain_pct: float | None = None
+    prediction_of: str | None = None
+    error_band: float | None = None
+    prediction: str | None = None
 
     @property
     def saving(self) -> str:

@@ -8,6 +8,10 @@ with the slowest mean step — and only on the platforms it names (:data:`RULES`
 ``analysis.platform`` decides the platform per rank). Aggregate fractions (the overview's
 device utilisation) are supporting evidence, never the trigger. ``docs/advise.md`` documents
 every rule: what it detects, from which evidence, on which devices, how its saving is bounded.
+
+With ``predict=True`` each finding whose recommendation a what-if change expresses is
+replayed (``advise.predict``): the table is then ranked by predicted gain, and findings
+predicted to gain less than 1 % of the step leave it, named in a note.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ def advise(
     steps: StepSelection = None,
     overview_result: Result | None = None,
     diagnosis_result: Result | None = None,
+    predict: bool = False,
 ) -> Result:
     """Recommendations ranked by the step time they can save at most (table
     ``recommendations``: ``rule``, ``recommendation``, ``finding``, ``evidence``,
@@ -78,6 +83,9 @@ def advise(
     (ids), ``category``, ``path_ms_per_step``), judged on the rank (and device) with the
     slowest mean step.
 
+    ``predict``: replay each finding's change too (a replay per finding, hence off by default)
+    and rank by predicted gain: columns ``change`` … ``prediction``, facts (:func:`_replay`).
+
     Facts: ``recommendations`` (how many), ``saved_fraction`` (the largest bound, of the mean
     step; 0 without recommendations), ``headline`` and the ``bottleneck*`` facts (the
     diagnosis')."""
@@ -86,7 +94,8 @@ def advise(
 
     ranks = None if ranks is None else [int(r) for r in ranks]
     dx = diagnosis_result or diagnosis(trace, ranks=ranks, steps=steps)
-    res = Result(facts={"recommendations": 0, "saved_fraction": 0.0})
+    predicted = {"predicted_gain_fraction": 0.0, "dropped": 0} if predict else {}
+    res = Result(facts={"recommendations": 0, "saved_fraction": 0.0} | predicted)
     st = dx.tables.get("steps")
     if st is None or st.empty:
         res.notes.append("no steps and no events to judge: no recommendations")
@@ -117,12 +126,14 @@ def advise(
             -f.path_ms_per_step if math.isnan(f.saved_ms_per_step) else -f.saved_ms_per_step,
         )
     )
+    if predict:
+        findings, predicted = _replay(ctx, findings, res)
     res.tables["recommendations"] = pd.DataFrame([f.row() for f in findings], columns=_COLUMNS)
     res.facts = {
         "recommendations": len(findings),
         "saved_fraction": max((f.saved_fraction for f in findings
                                if not math.isnan(f.saved_fraction)), default=0.0),
-    }  # fmt: skip
+    } | predicted  # fmt: skip
     res.facts |= {k: v for k, v in dx.facts.items()
                   if k == "headline" or k.startswith("bottleneck")}  # fmt: skip
     if host.host_timeline(ctx) and ctx.above_floor(ctx.time("outside_ops")):
@@ -131,17 +142,47 @@ def advise(
             "(the loss, the backward pass and optimizer without backward layer spans, Python): "
             "a capture at level step or layer cannot tell them apart; capture at level='op' "
             "(or with torch.profiler) to see which ops it is")  # fmt: skip
-    if not findings:
-        res.notes.append(
-            f"no rule found a change above the noise floor ({FLOOR_SHARE:.0%} of the "
-            f"{'step' if ctx.steps else 'trace'} and {FLOOR_NS // 1000} µs"
-            f"{ctx.each}) on rank {ctx.rank if ctx.rank is not None else 0}{ctx.on_device}"
-            f" ({ctx.platform.vendor}); "
-            + (str(dx.facts.get("headline", "")).replace("Bottleneck: ", "bottleneck: ") or
-               "see the op and kernel tables for where the time goes"))  # fmt: skip
+    if not findings and not predicted.get("dropped"):
+        res.notes.append(_nothing(ctx, dx))
     return res
+
+
+def _nothing(ctx: Context, dx: Result) -> str:
+    """The note for a trace where no rule found anything above the noise floor."""
+    return (
+        f"no rule found a change above the noise floor ({FLOOR_SHARE:.0%} of the "
+        f"{'step' if ctx.steps else 'trace'} and {FLOOR_NS // 1000} µs"
+        f"{ctx.each}) on rank {ctx.rank if ctx.rank is not None else 0}{ctx.on_device}"
+        f" ({ctx.platform.vendor}); "
+        + (str(dx.facts.get("headline", "")).replace("Bottleneck: ", "bottleneck: ") or
+           "see the op and kernel tables for where the time goes"))  # fmt: skip
+
+
+def _replay(ctx: Context, findings: list[Finding],
+            res: Result) -> tuple[list[Finding], dict[str, float | int]]:  # fmt: skip
+    """``advise(predict=True)``: each finding's change replayed (``advise.predict`` defines
+    the numbers) and filled in the columns ``change``, ``predicted_step_ms``,
+    ``predicted_gain_ms``, ``predicted_gain_pct``, ``prediction_of``, ``error_band`` and
+    ``prediction`` (in words, or why there is none; all None without ``predict``);
+    findings ranked by predicted gain, those with no change after by their bound, those
+    predicted to gain < 1 % of the step left out and named in a note (added to ``res``).
+    Returns the findings kept and the facts ``predicted_gain_fraction`` (the largest
+    predicted gain, of the replayed step; 0 without one) and ``dropped`` (how many left)."""
+    from xpuprof.advise import predict as prediction
+
+    kept, notes = prediction.attach(ctx, findings)
+    res.notes += notes
+    if findings and not kept:
+        res.notes.append(
+            "every finding was predicted to gain less than 1 % of the step when replayed "
+            "(the notes above name them): no recommendation stands"
+        )
+    best = max((f.predicted_gain_pct / 100 for f in kept if f.predicted_gain_pct is not None),
+               default=0.0)  # fmt: skip
+    return kept, {"predicted_gain_fraction": best, "dropped": len(findings) - len(kept)}
 
 
 _COLUMNS = ["rule", "recommendation", "finding", "evidence", "saved_fraction",
             "saved_ms_per_step", "saving", "rank", "device", "steps", "events", "category",
-            "path_ms_per_step"]  # fmt: skip
+            "path_ms_per_step", "change", "predicted_step_ms", "predicted_gain_ms",
+            "predicted_gain_pct", "prediction_of", "error_band", "prediction"]  # fmt: skip

@@ -40,18 +40,17 @@ import pandas as pd
 
 from xpuprof.core.errors import XpuprofError
 from xpuprof.core.result import Presentation, Result
-from xpuprof.sim import engine
 from xpuprof.sim.graph import (
     COLLECTIVE,
     DEVICE_COMMUNICATION,
     DEVICE_WORK,
-    EDGE_KINDS,
     HOST_GAP,
     HOST_WORK,
     RENDEZVOUS,
     SYNC,
     ReplayGraph,
 )
+from xpuprof.sim.paths import critical_paths, step_nodes
 from xpuprof.sim.replay import Replay, replay, run
 
 if TYPE_CHECKING:
@@ -70,14 +69,6 @@ SELECTORS = {
 INPUT_PATTERN = r"(?i)(?:dataloader|_next_data|load_batch|get_batch|fetch_batch)"
 #: Runtime calls that launch work (what a CUDA graph replaces).
 LAUNCH_PATTERN = r"(?i)(?:launch|memcpyasync|memsetasync)"
-#: Edge kinds → the category of work the critical path reports.
-CATEGORY = {
-    "host_work": "host", "host_gap": "host", "launch": "launch",
-    "device_work": "device compute", "device_communication": "communication",
-    "collective": "communication", "sync": "waiting", "stream_wait_event": "waiting",
-    "stream_order": "waiting", "fwdbwd": "waiting", "handoff": "waiting",
-}  # fmt: skip
-CATEGORIES = ("host", "launch", "device compute", "communication", "waiting", "late start")
 SUMMARY_COLUMNS = ["rank", "part", "steps", "baseline_ns", "predicted_ns", "speedup",
                    "baseline_with_device_ns", "predicted_with_device_ns",
                    "speedup_with_device"]  # fmt: skip
@@ -253,7 +244,7 @@ def whatif(
     time = sched.time + off
     steps_t = _steps(base, time)
     summary = _summary(base, steps_t)
-    cp = _critical_paths(g, base, base.schedule or run(g), sched, keep)
+    cp = critical_paths(g, base, base.schedule or run(g), sched, keep)
     if not parsed:
         notes.append("no change given: the prediction is the baseline (the identity replay)")
     return WhatIf(baseline=base, changes=parsed, time=time, summary=summary, steps=steps_t,
@@ -391,7 +382,7 @@ def _workers(c: Change, g: ReplayGraph, events: _Names, delay: np.ndarray,
     changed = 0
     for s0, s1 in zip(steps.tolist(), step_ends.tolist(), strict=True):
         mine = np.flatnonzero((n.part[starts] == n.part[s0]) & (n.time[starts] >= n.time[s0])
-                              & (n.time[starts] <= n.time[s1]))  # fmt: skip
+                              & (n.time[starts] < n.time[s1]))  # fmt: skip
         t_in = float(span_ns[mine].sum())
         rest = float(n.time[s1] - n.time[s0]) - t_in  # the step's own work
         cpus = cpus_by_part.get(int(n.part[s0]))
@@ -491,7 +482,7 @@ def _steps(base: Replay, time: np.ndarray) -> pd.DataFrame:
     if st.empty:
         return pd.DataFrame(columns=cols)
     g = base.graph
-    node_of = _step_nodes(g, base.step_ids)
+    node_of = step_nodes(g, base.step_ids)
     out = st[["rank", "part", "step", "name"]].copy()
     out["baseline_ns"] = st["simulated_ns"].to_numpy()
     s, e = node_of
@@ -502,14 +493,6 @@ def _steps(base: Replay, time: np.ndarray) -> pd.DataFrame:
     out["predicted_with_device_ns"] = out["predicted_with_device_ns"].astype("int64")
     out["change_pct"] = _pct(out["predicted_ns"], out["baseline_ns"]).round(3)
     return out
-
-
-def _step_nodes(g: ReplayGraph, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end points of the host events ``ids`` (step spans)."""
-    n = g.nodes
-    s = pd.Series(np.flatnonzero(n.kind == 0), index=n.event[n.kind == 0])
-    e = pd.Series(np.flatnonzero(n.kind == 1), index=n.event[n.kind == 1])
-    return s.reindex(ids).to_numpy(), e.reindex(ids).to_numpy()
 
 
 def _device_end(g: ReplayGraph, base: Replay, time: np.ndarray, st: pd.DataFrame) -> np.ndarray:
@@ -542,89 +525,6 @@ def _summary(base: Replay, steps: pd.DataFrame) -> pd.DataFrame:
         out[c] = out[c].round().astype("int64")
     out["rank"] = out["rank"].astype("Int64")
     return out[SUMMARY_COLUMNS]
-
-
-def _critical_paths(g: ReplayGraph, base: Replay, before: engine.Schedule,
-                    after: engine.Schedule, keep: np.ndarray) -> pd.DataFrame:  # fmt: skip
-    """Per part, time per category on the critical path from the start of its first step to
-    the end of its last (without steps: from its first point to its last), before and after
-    the change."""
-    rows = []
-    st = base.steps
-    span: dict[int, tuple[int, int]] = {}
-    if len(st):
-        s_node, e_node = _step_nodes(g, base.step_ids)
-        parts, step = st["part"].to_numpy(), st["step"].to_numpy()
-        for p in np.unique(parts).tolist():
-            mine = np.flatnonzero(parts == p)
-            span[p] = (int(s_node[mine[np.argmin(step[mine])]]),
-                       int(e_node[mine[np.argmax(step[mine])]]))  # fmt: skip
-    walk_before = Walk(g, before, np.ones(len(g.edges), bool))
-    walk_after = Walk(g, after, keep)
-    for p in g.parts:
-        if p not in span:
-            mine = np.flatnonzero(g.nodes.part == p)
-            if not len(mine):
-                continue
-            t = g.nodes.time[mine]
-            span[p] = (int(mine[np.argmin(t)]), int(mine[np.argmax(t)]))
-        a, z = span[p]
-        b = walk_before.by_category(z, int(before.time[a]))
-        c = walk_after.by_category(z, int(after.time[a]))
-        for cat in CATEGORIES:
-            rows.append({"rank": g.ranks.get(p), "part": p, "category": cat,
-                         "baseline_ns": b.get(cat, 0), "predicted_ns": c.get(cat, 0),
-                         "shift_ns": c.get(cat, 0) - b.get(cat, 0)})  # fmt: skip
-    out = pd.DataFrame(rows, columns=["rank", "part", "category", "baseline_ns", "predicted_ns",
-                                      "shift_ns"])  # fmt: skip
-    out["rank"] = out["rank"].astype("Int64")
-    return out
-
-
-class Walk:
-    """Critical paths through a schedule: each point's *setting input* (its cross edge, or its
-    timeline predecessor; none at a timeline's first point) as flat arrays, made once."""
-
-    def __init__(self, g: ReplayGraph, sched: engine.Schedule, keep: np.ndarray) -> None:
-        e = g.edges
-        cross = np.flatnonzero(~e.timeline & keep)
-        n = len(g.nodes)
-        head = np.zeros(n, bool)
-        head[g.timelines.first] = True
-        chain_kind = np.full(n, -1)
-        chain_kind[e.dst[e.timeline]] = e.kind[e.timeline]
-        via = sched.via
-        by_cross = via >= 0
-        pred = np.where(head, -1, np.arange(n) - 1)
-        kind = chain_kind.copy()
-        pred[by_cross] = e.src[cross[via[by_cross]]]
-        kind[by_cross] = e.kind[cross[via[by_cross]]]
-        self.time = sched.time
-        self.pred = pred
-        self.cat = np.array([CATEGORIES.index(CATEGORY[k]) for k in EDGE_KINDS] +
-                            [CATEGORIES.index("waiting")])[kind]  # kind -1: waiting  # fmt: skip
-        self._pred_list = pred.tolist()
-        self._time_list = sched.time.tolist()
-
-    def by_category(self, v: int, since: int) -> dict[str, int]:
-        """Time per category on the critical path into point ``v`` back to the time ``since``
-        (the last edge clipped there); a path that reaches the first point of a thread or
-        stream (maybe another rank's, through a collective) later than ``since`` counts the
-        rest as ``late start``. The categories sum to the time from ``since`` to ``v``."""
-        pred, t = self._pred_list, self._time_list
-        path = []
-        while t[v] > since and pred[v] >= 0:
-            path.append(v)
-            v = pred[v]
-        out: dict[str, int] = {}
-        if path:
-            p = np.asarray(path)
-            span = self.time[p] - np.maximum(self.time[self.pred[p]], since)
-            per = np.bincount(self.cat[p], span, minlength=len(CATEGORIES))
-            out = {c: int(x) for c, x in zip(CATEGORIES, per, strict=True) if x}
-        if t[v] > since:  # a thread or stream that began after ``since``
-            out["late start"] = out.get("late start", 0) + t[v] - since
-        return out
 
 
 def _pct(a: pd.Series | float, b: pd.Series | float) -> pd.Series | float:

@@ -272,33 +272,41 @@ def document(name: str, *traces: Trace, **options: Any) -> dict[str, Any]:
 
 
 def overview(
-    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None, top: int = 10
-) -> Result:
+    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
+    top: int = 10, predict: bool = False,
+) -> Result:  # fmt: skip
     """The overview (step time, where it goes, bottleneck, top ops and kernels) with the
-    advisor's recommendations under the numbers. Facts: the overview's and the advisor's."""
+    advisor's recommendations under the numbers; with ``predict``, each recommendation's
+    change replayed and the recommendations ranked by predicted gain (``advise(predict=
+    True)``). Facts: the overview's and the advisor's."""
     from xpuprof.advise.rules import advise
     from xpuprof.analysis.overview import overview as overview_tool
 
     ov = overview_tool(trace, ranks=ranks, steps=steps, top=top)
-    adv = advise(trace, ranks=ranks, steps=steps, overview_result=ov)
+    adv = advise(trace, ranks=ranks, steps=steps, overview_result=ov, predict=predict)
     order = ("summary", "steps", "top_ops", "top_kernels")
+    present = ov.present | adv.present
+    if predict:
+        present["recommendations"] = _PREDICTED
     return Result(
         tables={k: ov.tables[k] for k in order if k in ov.tables} | adv.tables,
         notes=ov.notes + adv.notes,
         facts=ov.facts | adv.facts,
-        present=ov.present | adv.present,
+        present=present,
     )
 
 
 def summary(
-    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None
-) -> Result:
+    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
+    predict: bool = False,
+) -> Result:  # fmt: skip
     """What the demo prints after training: the store's info, the overview (one column per
     rank), the top ops by self time, the slowest layers (when the trace has layers) and the
-    recommendations. Facts: the overview's and the advisor's."""
+    recommendations (``predict``: ranked by predicted gain, as :func:`overview`). Facts: the
+    overview's and the advisor's."""
     from xpuprof.analysis.stats import stats
 
-    ov = overview(trace, ranks=ranks, steps=steps, top=8)
+    ov = overview(trace, ranks=ranks, steps=steps, top=8, predict=predict)
     inf = info(trace)
     tables = dict(inf.tables)
     for name, table in (("overview", "summary"), ("top_ops", "top_ops")):
@@ -313,9 +321,12 @@ def summary(
             cols = ["layer", "module_type", "calls", "forward_ns", "backward_ns"]
             tables["slowest_layers"] = layers[[c for c in cols if c in layers]]
         notes += [n for n in st.notes if n not in notes]
+    present = dict(inf.present)
     if "recommendations" in ov.tables:
         tables["recommendations"] = ov.tables["recommendations"]
-    return Result(tables=tables, notes=notes, facts=ov.facts, present=dict(inf.present))
+        if predict:
+            present["recommendations"] = _PREDICTED
+    return Result(tables=tables, notes=notes, facts=ov.facts, present=present)
 
 
 def stats(
@@ -495,6 +506,27 @@ _RECOMMENDATIONS = Presentation(
         "{saving}",
     ),
 )
+#: The recommendations with their predicted gains (``--predict``): each paragraph says what
+#: the replayed change is predicted to save (or why there is no prediction), then the bound.
+_PREDICTED = Presentation(
+    layout="paragraphs",
+    title="recommendations (ranked by predicted gain; those without a prediction by the step "
+    "time they can save, at most)",
+    lines=(
+        "{recommendation}",
+        "{finding}: {evidence}",
+        "{prediction}",
+        "{saving}",
+    ),
+)
+_PREDICT = Option(
+    "predict",
+    "Replay each recommendation's change on the trace (as xpuprof whatif does) and rank them "
+    "by predicted gain; those predicted to gain < 1 % are left out, and a note names them. "
+    "Slower: one replay per recommendation.",
+    False,
+    bool,
+)
 _SUMMARY = Presentation(layout="transpose", label="rank", all_rows=True)
 _OVERVIEW = {
     "summary": _SUMMARY,
@@ -533,10 +565,12 @@ TOOLS: tuple[Tool, ...] = (
     Tool("overview", "xpuprof.ui.tools:overview",
          "Step time, where it goes (compute, communication, memcpy, input, host-bound idle), "
          "the bottleneck, top ops and kernels, and the advisor's recommendations.",
-         options=(Option("top", "Top ops and kernels to list.", 10, int),), present=_OVERVIEW),
+         options=(Option("top", "Top ops and kernels to list.", 10, int), _PREDICT),
+         present=_OVERVIEW),
     Tool("summary", "xpuprof.ui.tools:summary",
          "What the demo prints: the store, the overview, top ops, slowest layers and "
          "recommendations.",
+         options=(_PREDICT,),
          present={**_INFO, "overview": _SUMMARY,
                   "top_ops": _OVERVIEW["top_ops"],
                   "slowest_layers": Presentation(title="slowest layers (forward time)"),

@@ -1,0 +1,319 @@
+"""The advisor ranked by predicted gain (``advise(predict=True)``, ``xpuprof.advise.predict``):
+each finding's change replayed on synthetic traces whose changed timelines are worked out by
+hand (times in µs, as the builder writes them), and on the shared ResNet-50 pair, where the
+evidence is read with SQL and the second trace of the pair is what the change really did."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import pytest
+from builders import TraceBuilder
+from conftest import shared
+
+import xpuprof
+from xpuprof.advise.predict import VALIDATED, exact_pattern
+from xpuprof.advise.rules import advise
+from xpuprof.sim.whatif import parse, whatif
+
+US = 1e-3  # ms per µs: the table's times are ms
+A100 = [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}]
+SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+MULTI = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+
+
+def rec(res, rule: str):
+    return res["recommendations"].set_index("rule").loc[rule]
+
+
+# ------------------------------------------------------------------------- host blocked
+
+
+def read_back_every_step(tb: TraceBuilder) -> None:
+    """Three 400 µs steps: ``aten::mm`` [0, 20) launches a 200 µs GEMM (call [5, 15), kernel
+    [20, 220)); ``.item()`` (``aten::_local_scalar_dense`` [30, 390)) reads a value back with a
+    blocking ``cudaMemcpyAsync`` [35, 385) whose 2 µs copy runs right after the GEMM, [220,
+    222); the host then stays in the call until 385 with the device idle (163 µs); "tail"
+    [390, 400)."""
+    for n in range(3):
+        t0 = 400 * n
+        tb.step(n, t0, 400)
+        tb.op("aten::mm", t0, 20)
+        tb.launch("gemm", t0 + 20, 200, launch_ts=t0 + 5, launch_dur=10)
+        tb.op("aten::_local_scalar_dense", t0 + 30, 360)
+        tb.launch("Memcpy DtoH (Device -> Pageable)", t0 + 220, 2, launch_ts=t0 + 35,
+                  launch_dur=350, call="cudaMemcpyAsync", cat="gpu_memcpy")  # fmt: skip
+        tb.op("tail", t0 + 390, 10)
+
+
+def test_a_read_back_removed_lets_the_device_run_back_to_back(tmp_path) -> None:
+    """Without the read-back the host no longer waits: each step's host part shrinks to
+    ``aten::mm`` [0, 20), the op's own 10 µs and the tail, 50 µs, so the host runs ahead and
+    the GEMMs and copies queue on the stream: 20 (the first GEMM starts as measured) + 3 ×
+    (200 + 2) = 626 µs for the three steps, 208.67 µs per step, from 400: 191.33 µs saved.
+
+    The rule's bound (163 µs: the host blocked while the device idles) is below that: with
+    the host ahead, the device's own gaps close too. The mean host step (50 µs) would claim
+    350 µs; the mean step with its device work grows as work queues (222, 374, 526 µs): the
+    run of the three steps is what they take either way."""
+    tb = TraceBuilder(rank=0, device_properties=A100)
+    read_back_every_step(tb)
+    with tb.load(tmp_path) as t:
+        res = advise(t, predict=True)
+        r = rec(res, "host-blocked")
+        assert r.change == "no-sync:^(?:cudaMemcpyAsync)$; scale:runtime/^(?:cudaMemcpyAsync)$=0"
+        assert r.saved_ms_per_step == pytest.approx(163 * US)
+        assert r.predicted_step_ms == pytest.approx(626 / 3 * US)
+        assert r.predicted_gain_ms == pytest.approx((1200 - 626) / 3 * US)
+        assert r.predicted_gain_pct == pytest.approx(100 * (1200 - 626) / 1200, abs=0.01)
+        assert r.prediction_of == "with_device" and r.error_band is None
+        assert "not validated" in r.prediction and "judged on the device work" in r.prediction
+        assert res["recommendations"].rule.iloc[0] == "host-blocked"
+        w = whatif(t, r.change.split("; "))
+        assert list(w.steps.predicted_ns / 1000) == [50, 50, 50]
+        assert list(w.steps.predicted_with_device_ns / 1000) == [222, 374, 526]
+
+
+def test_a_blocking_call_shared_with_other_code_gets_no_prediction(tmp_path) -> None:
+    """The what-if selects calls by name: when a ``cudaMemcpyAsync`` also runs outside the
+    finding's op (here a non-blocking one under ``aten::copy_``), removing "the" blocking
+    call would remove both; the finding keeps its bound and a note says why."""
+    tb = TraceBuilder(rank=0, device_properties=A100)
+    read_back_every_step(tb)
+    tb.op("aten::copy_", 392, 6)
+    tb.launch("Memcpy HtoD (Pinned -> Device)", 399, 1, launch_ts=393, launch_dur=3,
+              call="cudaMemcpyAsync", cat="gpu_memcpy")  # fmt: skip
+    with tb.load(tmp_path) as t:
+        res = advise(t, predict=True)
+        r = rec(res, "host-blocked")
+        assert pd.isna(r.change) and pd.isna(r.predicted_gain_ms)
+        assert r.saved_ms_per_step > 0  # the bound stands
+        note = next(n for n in res.notes if n.startswith("host-blocked: no prediction"))
+        assert "cudaMemcpyAsync also run outside `aten::_local_scalar_dense`" in note
+        assert r.prediction.startswith("no prediction: the what-if selects blocking calls")
+
+
+# ------------------------------------------------------------------------------ input
+
+
+def input_steps(tb: TraceBuilder, loader: str, at: float = 1) -> None:
+    """Three 100 µs steps on a CPU: the loader's span [at, at + 90), then ``aten::mm`` to the
+    step's end (the step's own work C = 10 µs either way)."""
+    for n in range(3):
+        t0 = 100 * n
+        tb.step(n, t0, 100)
+        tb.annotation(loader, t0 + at, 90)
+        tb.op("aten::mm", t0 + at + 90, 10 - at)
+
+
+def test_a_single_process_dataloader_gets_workers(tmp_path) -> None:
+    """``dataloader-workers=4``: each batch (T = 90 µs) is made by one of four workers while
+    the step computes (C = 10 µs): a step lasts max(C, T/4) = 22.5 µs, so 77.5 µs of the
+    90 µs wait go, not all of it (the workers cannot keep up). The kind of change was
+    validated on a real run: −17.3 % (benchmarks/RESULTS.md)."""
+    tb = TraceBuilder(rank=0)
+    input_steps(tb, SINGLE)
+    with tb.load(tmp_path) as t:
+        res = advise(t, predict=True)
+        r = rec(res, "input-bound")
+        assert r.change == "dataloader-workers=4"
+        assert r.saved_ms_per_step == pytest.approx(90 * US)
+        assert r.predicted_step_ms == pytest.approx(22.5 * US)
+        assert r.predicted_gain_ms == pytest.approx(77.5 * US)
+        assert r.prediction_of == "host"
+        assert r.error_band == VALIDATED["dataloader-workers"][0] == -17.3
+        assert "17.3 % under the measured step on a validation run (2 workers)" in r.prediction
+
+
+def test_workers_on_back_to_back_steps(tmp_path) -> None:
+    """As above with each span opening its step (no gap between steps): the same 22.5 µs."""
+    tb = TraceBuilder(rank=0)
+    input_steps(tb, SINGLE, at=0)
+    with tb.load(tmp_path) as t:
+        r = rec(advise(t, predict=True), "input-bound")
+        assert r.predicted_step_ms == pytest.approx(22.5 * US)
+
+
+def test_a_loader_with_workers_has_its_wait_removed_as_a_bound(tmp_path) -> None:
+    """Workers that do not keep up: "faster workers" has no factor, so the prediction is the
+    bound, ``no-input-wait``: the 90 µs span per step gone, 10 µs steps."""
+    tb = TraceBuilder(rank=0)
+    input_steps(tb, MULTI)
+    with tb.load(tmp_path) as t:
+        r = rec(advise(t, predict=True), "input-bound")
+        assert r.change == "no-input-wait"
+        assert r.predicted_gain_ms == pytest.approx(90 * US)
+        assert r.predicted_step_ms == pytest.approx(10 * US)
+        assert r.error_band == 2.1
+        assert r.prediction.startswith("predicted at most: 10 µs per step (-90.0 %")
+
+
+def test_prediction_is_off_by_default(tmp_path) -> None:
+    """Replaying costs a replay per finding: ``advise`` alone ranks by the bound, and the
+    prediction columns are there, empty."""
+    tb = TraceBuilder(rank=0)
+    input_steps(tb, SINGLE)
+    with tb.load(tmp_path) as t:
+        res = advise(t)
+        recs = res["recommendations"]
+        cols = ["change", "predicted_step_ms", "predicted_gain_ms", "predicted_gain_pct",
+                "prediction_of", "error_band", "prediction"]  # fmt: skip
+        assert set(cols) <= set(recs.columns)
+        assert recs[cols].isna().all().all()
+        assert "dropped" not in res.facts and "predicted_gain_fraction" not in res.facts
+
+
+# ------------------------------------------------------------------ dropped, and the rest
+
+
+def graphs_behind_a_copy(tb: TraceBuilder) -> None:
+    """One 3000 µs step. The main thread launches 40 2 µs kernels from 40 ``aten::add`` ops
+    [20 i + 5, 20 i + 23), each with a 15 µs launch call — 600 µs of launches with the device
+    idle — then waits in ``cudaStreamSynchronize`` [805, 2905) for stream 8 (its ``cuda_sync``
+    event says so), where a pin-memory thread, starting at 1900 on its own (nothing recorded
+    says what it waited for), copies the batch: ``cudaMemcpyAsync`` [1901, 1904), the copy
+    [1910, 2900). ``aten::sum`` [2905, 3000) follows."""
+    tb.step(0, 0, 3000)
+    for i in range(40):
+        t0 = 20 * i + 5
+        tb.op("aten::add", t0, 18)
+        tb.launch("void at::native::vectorized_elementwise_kernel<4>(int)", t0 + 17, 2,
+                  launch_ts=t0 + 1, launch_dur=15)  # fmt: skip
+    tb.runtime("cudaStreamSynchronize", 805, 2100, correlation=1000)
+    tb.kernel("Stream Sync", 806, 2098, stream=8, correlation=1000, cat="cuda_sync")
+    tb.op("aten::copy_", 1900, 5, tid=2)
+    tb.launch("Memcpy HtoD (Pinned -> Device)", 1910, 990, launch_ts=1901, launch_dur=3,
+              call="cudaMemcpyAsync", cat="gpu_memcpy", tid=2, stream=8)  # fmt: skip
+    tb.op("aten::sum", 2905, 95)
+
+
+def test_cuda_graphs_are_dropped_when_a_copy_bounds_the_step(tmp_path) -> None:
+    """The issue's case: launch overhead "saves up to" 600 µs (every launch call on the path,
+    the device idle), but the step ends when the copy does — 2900 µs, whenever the launches
+    finish — so graphs save nothing (the replay: 3 µs, 0.1 %): dropped, and a note names it
+    with its bound and where the path then runs. The copy itself is worth 990 µs (the
+    sync returns at 1910 + its 5 µs wake-up, the sum runs to 2010); removing the host's wait
+    saves only the 100 µs of ``aten::sum``, which then overlaps the copy. ``host-cpu-bound``
+    has no change: it keeps its bound and comes after the predicted ones."""
+    tb = TraceBuilder(rank=0, device_properties=A100)
+    graphs_behind_a_copy(tb)
+    with tb.load(tmp_path) as t:
+        bound = advise(t)["recommendations"].set_index("rule")
+        assert bound.loc["launch-overhead", "saved_ms_per_step"] == pytest.approx(600 * US)
+        res = advise(t, predict=True)
+        recs = res["recommendations"]
+        assert list(recs.rule) == ["memory-copies", "host-blocked", "host-cpu-bound"]
+        assert recs.predicted_gain_ms.iloc[0] == pytest.approx(990 * US)
+        assert recs.predicted_step_ms.iloc[0] == pytest.approx(2010 * US)
+        assert recs.predicted_gain_ms.iloc[1] == pytest.approx(100 * US, abs=5 * US)
+        assert pd.isna(recs.change.iloc[2]) and recs.saved_ms_per_step.iloc[2] > 0
+        assert recs.prediction.iloc[2] == "no prediction: no what-if change expresses this " \
+            "recommendation"  # fmt: skip
+        assert res.facts["dropped"] == 1
+        assert res.facts["predicted_gain_fraction"] == pytest.approx(0.33, abs=0.001)
+        note = next(n for n in res.notes if n.startswith("dropped launch-overhead"))
+        assert "`cuda-graphs` is predicted to save" in note and "below 1%" in note
+        assert "its bound said up to 600 µs" in note and "late start" in note
+        gain = float(re.search(r"save (\d+) µs per step", note).group(1))
+        assert gain <= 5  # at most the 5 µs of wake-up slack
+
+
+def test_a_bandwidth_bound_all_reduce_with_half_the_bytes(tmp_path) -> None:
+    """Two ranks all-reduce 128 MiB in 600 µs [100, 700) (75 % of an A100's one-way NVLink:
+    bandwidth-bound), each waiting for it in ``cudaStreamSynchronize`` before ``aten::add``
+    [710, 800). Half the bytes halve the transfer: it ends at 400, the add runs [405, 495)
+    after the sync's 5 µs wake-up: 300 µs saved of 800."""
+    paths = []
+    for rank in (0, 1):
+        tb = TraceBuilder(rank=rank, world_size=2, device_properties=A100)
+        tb.step(0, 0, 800)
+        tb.op("aten::mm", 0, 20)
+        tb.launch("ampere_sgemm_128x64_tn", 10, 90, launch_ts=5)
+        tb.op("nccl:all_reduce", 30, 20)
+        tb.launch("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                  100, 600, launch_ts=35, stream=9, **{
+                      "Collective name": "allreduce", "In msg nelems": 32 << 20,
+                      "Out msg nelems": 32 << 20, "Group size": 2, "dtype": "Float",
+                      "Process Group Name": "0", "Process Group Ranks": "[0, 1]"})  # fmt: skip
+        tb.runtime("cudaStreamSynchronize", 60, 645, correlation=1000)
+        tb.kernel("Stream Sync", 61, 643, stream=9, correlation=1000, cat="cuda_sync")
+        tb.op("aten::add", 710, 90)
+        paths.append(tb.write(tmp_path / f"rank{rank}.json"))
+    xpuprof.import_traces(paths, tmp_path / "job.store")
+    with xpuprof.load(tmp_path / "job.store") as t:
+        r = rec(advise(t, predict=True), "communication")
+        assert "(bandwidth-bound)" in r.finding and r.change == "scale:collective=0.5"
+        assert r.predicted_gain_ms == pytest.approx(300 * US)
+        assert r.predicted_step_ms == pytest.approx(500 * US)
+
+
+def test_exact_patterns_survive_the_change_language() -> None:
+    """Names with regex characters and ``=`` select themselves and nothing else, through
+    the what-if's parser (whose factor follows the first ``=``)."""
+    names = ["Memcpy HtoD (Pageable -> Device)", "k<a=1>[2]*x.y", "copy-done"]
+    for name in names:
+        c = parse(f"scale:device/{exact_pattern([name])}=0")
+        assert c.factor == 0 and re.search(c.pattern, name)
+        assert not re.search(c.pattern, name + "x") and not re.search(c.pattern, "x" + name)
+    xla = parse(f"scale:device/{exact_pattern(['copy-done'], instances=True)}=0").pattern
+    assert re.search(xla, "copy-done.2") and not re.search(xla, "copy-done-x")
+
+
+# --------------------------------------------------------------------------- real traces
+
+
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory):
+    """The shared ResNet-50 pair on a V100 (num_workers 0 and 4), imported once."""
+    out = {}
+    for n in (0, 4):
+        src = shared(f"kineto/gpu/resnet50_v100_2021/num_workers_{n}.pt.trace.json.gz")
+        store = tmp_path_factory.mktemp("resnet") / f"nw{n}.store"
+        xpuprof.import_traces([src], store)
+        out[n] = xpuprof.load(store)
+    yield out
+    for t in out.values():
+        t.close()
+
+
+def test_resnet_workers_predicted_against_the_run_that_had_them(resnet) -> None:
+    """num_workers=0: the DataLoader's spans take 69.3 ms per step (steps 5-10, read below);
+    the main process's other work is ~107 ms, far above a quarter of the batch, so four
+    workers hide the whole span in the model: the predicted gain is positive and at most the
+    span. What the change really did is the num_workers=4 trace of the same job: its steps
+    take 139.7 ms on average; the prediction is within 20 % of that (−15 %; the recorded
+    run stalls in two of its six steps, which a steady-state model does not predict)."""
+    t0, t4 = resnet[0], resnet[4]
+    span = t0.sql(
+        f"select sum(dur) / 6 as ns from events where name = '{SINGLE}' and step between 5 and 10"
+    ).ns.iloc[0]
+    assert span == pytest.approx(69.2985e6)
+    res = advise(t0, predict=True)
+    r = res["recommendations"].iloc[0]
+    assert r.rule == "input-bound" and r.change == "dataloader-workers=4"
+    assert 0 < r.predicted_gain_ms * 1e6 <= span
+    assert r.error_band == -17.3
+    measured = t4.sql("select avg(dur) as ns from events where level = 'step'").ns.iloc[0]
+    assert measured == pytest.approx(139.7e6, rel=1e-3)
+    assert abs(r.predicted_step_ms * 1e6 - measured) / measured < 0.20
+    assert any(n.startswith("dropped memory-copies") for n in res.notes)
+
+
+def test_resnet_pageable_batch_copy_made_non_blocking(resnet) -> None:
+    """num_workers=4: each step copies the batch from pageable memory in ``aten::copy_``,
+    blocking in ``cudaMemcpyAsync`` then ``cudaStreamSynchronize`` (query below: 9.49 ms per
+    step, the first step's 40 ms copy included). The host is CPU-bound (the GPU waits for
+    it), so once the copy no longer blocks, that time comes off the step: the prediction is
+    within 5 % of the copy ops' time."""
+    t = resnet[4]
+    copies = t.sql(
+        "select sum(p.dur) / 6 as ns from events p where p.name = 'aten::copy_' and "
+        "p.step between 5 and 10 and exists (select 1 from events c where c.parent = p.id "
+        "and c.name = 'cudaMemcpyAsync')"
+    ).ns.iloc[0]
+    assert copies == pytest.approx(9.4858e6, rel=1e-4)
+    r = rec(advise(t, predict=True), "host-blocked")
+    rx = "^(?:cudaMemcpyAsync|cudaStreamSynchronize)$"
+    assert r.change == f"no-sync:{rx}; scale:runtime/{rx}=0"
+    assert r.predicted_gain_ms * 1e6 == pytest.approx(copies, rel=0.05)
