@@ -59,15 +59,16 @@ def test_engine_cuts_a_cycle_and_says_which_edges():
 # -- perturbations of synthetic traces ---------------------------------------------------------
 
 
-def _device_bound(tmp_path, name="dev"):
+def _device_bound(tmp_path, name="dev", kernel="k"):
     """One step 0–50 µs. Four 10 µs kernels launched at 1, 3, 5, 7 (1 µs calls); the first
     starts 5 µs after its launch (6–16), the others queue behind it (16–26, 26–36, 36–46);
     cudaDeviceSynchronize 9–48 waits for the last (2 µs to wake up); 2 µs of host work after
-    it. No cuda_sync events: the wait is inferred from the last kernel launched before it."""
+    it. No cuda_sync events: the wait is inferred from the last kernel launched before it.
+    The kernels are named ``{kernel}0`` to ``{kernel}3``."""
     tb = TraceBuilder(rank=0)
     tb.step(0, ts=0, dur=50)
     for i, (call, k) in enumerate(((1, 6), (3, 16), (5, 26), (7, 36))):
-        tb.launch(f"k{i}", ts=k, dur=10, launch_ts=call, launch_dur=1)
+        tb.launch(f"{kernel}{i}", ts=k, dur=10, launch_ts=call, launch_dur=1)
     tb.runtime("cudaDeviceSynchronize", 9, 39)
     tb.op("tail", 48, 2)
     return tb.store(tmp_path, name)

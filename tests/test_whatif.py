@@ -8,6 +8,8 @@ import pytest
 import xpuprof
 from tests.builders import TraceBuilder
 from tests.conftest import cli, cli_json
+from tests.test_replay import _device_bound as device_bound
+from tests.test_replay import _host_bound as host_bound
 from xpuprof.core.errors import XpuprofError
 from xpuprof.sim.paths import CATEGORIES
 from xpuprof.sim.whatif import parse, whatif
@@ -16,29 +18,28 @@ US = 1000
 
 
 def _device_bound(tmp_path):
-    """As tests/test_replay.py: one step 0–50; four 10 µs kernels launched at 1, 3, 5, 7
-    (1 µs calls), running 6–46 back to back; cudaDeviceSynchronize 9–48 waits for the last;
-    "tail" 48–50."""
-    tb = TraceBuilder(rank=0)
-    tb.step(0, ts=0, dur=50)
-    for i, (call, k) in enumerate(((1, 6), (3, 16), (5, 26), (7, 36))):
-        tb.launch(f"gemm{i}", ts=k, dur=10, launch_ts=call, launch_dur=1)
-    tb.runtime("cudaDeviceSynchronize", 9, 39)
-    tb.op("tail", 48, 2)
-    return tb.store(tmp_path, "dev")
+    """tests/test_replay.py's: one step 0–50; four 10 µs kernels ``gemm0``–``gemm3`` launched
+    at 1, 3, 5, 7 (1 µs calls), running 6–46 back to back; cudaDeviceSynchronize 9–48 waits
+    for the last; "tail" 48–50."""
+    return device_bound(tmp_path, "dev", kernel="gemm")
 
 
 def _host_bound(tmp_path):
-    """One step 0–45: a 1 µs launch every 10 µs (1, 11, 21, 31), each 2 µs kernel 5 µs after
-    its call (4 µs after its return); cudaDeviceSynchronize 41–43 finds the device idle;
-    "tail" 43–45. Between the calls the host runs no op (step time outside ops)."""
+    """tests/test_replay.py's: one step 0–45: a 1 µs launch every 10 µs (1, 11, 21, 31), each
+    2 µs kernel 5 µs after its call (4 µs after its return); cudaDeviceSynchronize 41–43 finds
+    the device idle; "tail" 43–45. Between the calls the host runs no op."""
+    return host_bound(tmp_path, "host")
+
+
+def _input_steps(starts: tuple[int, ...]) -> TraceBuilder:
+    """Steps of 30 µs at ``starts``, each a 20 µs DataLoader span (a record_function
+    annotation, as PyTorch names it) then 10 µs of "compute"."""
     tb = TraceBuilder(rank=0)
-    tb.step(0, ts=0, dur=45)
-    for i, call in enumerate((1, 11, 21, 31)):
-        tb.launch(f"k{i}", ts=call + 5, dur=2, launch_ts=call, launch_dur=1)
-    tb.runtime("cudaDeviceSynchronize", 41, 2)
-    tb.op("tail", 43, 2)
-    return tb.store(tmp_path, "host")
+    for n, t0 in enumerate(starts):
+        tb.step(n, ts=t0, dur=30)
+        tb.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t0, 20)
+        tb.op("compute", t0 + 20, 10)
+    return tb
 
 
 def _step(w) -> float:
@@ -152,11 +153,7 @@ def test_dataloader_workers(tmp_path):
     """Two steps (0–30, 40–70), each a 20 µs DataLoader span then 10 µs of compute. With
     workers the batch is made while the step computes: the wait is max(0, 20/N − 10) µs —
     N=1: 10 (steps of 20 µs), N=2 and more: 0 (steps of 10 µs)."""
-    tb = TraceBuilder(rank=0)
-    for n, t0 in ((0, 0), (1, 40)):
-        tb.step(n, ts=t0, dur=30)
-        tb.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t0, 20)
-        tb.op("compute", t0 + 20, 10)
+    tb = _input_steps((0, 40))
     with tb.load(tmp_path) as t:
         for workers, step in ((1, 20), (2, 10), (4, 10)):
             w = whatif(t, [f"dataloader-workers={workers}"])
@@ -172,11 +169,7 @@ def test_dataloader_workers_share_the_cpus(tmp_path, monkeypatch):
     import xpuprof.sim.whatif as wi
 
     monkeypatch.setattr(wi, "_cpus", lambda trace: {0: 2})
-    tb = TraceBuilder(rank=0)
-    for n, t0 in ((0, 0), (1, 40)):
-        tb.step(n, ts=t0, dur=30)
-        tb.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t0, 20)
-        tb.op("compute", t0 + 20, 10)
+    tb = _input_steps((0, 40))
     with tb.load(tmp_path) as t:
         for workers, step in ((1, 20), (2, 15), (4, 15)):
             w = whatif(t, [f"dataloader-workers={workers}"])
@@ -234,11 +227,7 @@ def test_a_collective_change_moves_every_ranks_end(tmp_path):
 def test_dataloader_workers_on_back_to_back_steps(tmp_path):
     """Steps 0–30 and 30–60 with no gap: the second step's input span starts at the first's
     end and belongs to the second only; each step still becomes 10 µs with 2 workers."""
-    tb = TraceBuilder(rank=0)
-    for n, t0 in ((0, 0), (1, 30)):
-        tb.step(n, ts=t0, dur=30)
-        tb.annotation("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t0, 20)
-        tb.op("compute", t0 + 20, 10)
+    tb = _input_steps((0, 30))
     with tb.load(tmp_path) as t:
         w = whatif(t, ["dataloader-workers=2"])
         assert (w.steps["predicted_ns"] / US).tolist() == [10, 10]
