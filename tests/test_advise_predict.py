@@ -317,3 +317,16 @@ def test_resnet_pageable_batch_copy_made_non_blocking(resnet) -> None:
     rx = "^(?:cudaMemcpyAsync|cudaStreamSynchronize)$"
     assert r.change == f"no-sync:{rx}; scale:runtime/{rx}=0"
     assert r.predicted_gain_ms * 1e6 == pytest.approx(copies, rel=0.05)
+
+
+def test_the_report_shows_the_predictions(tmp_path) -> None:
+    """`xpuprof report --predict`: the findings section carries each prediction's line."""
+    from xpuprof.ui.report import build
+
+    tb = TraceBuilder(rank=0)
+    input_steps(tb, SINGLE)
+    with tb.load(tmp_path) as t:
+        html = build(t, predict=True).html
+        plain = build(t).html
+    assert "predicted: 22.5 µs per step" in html
+    assert "predicted:" not in plain

@@ -269,6 +269,8 @@ def report(
     output: Path = typer.Option(..., "-o", "--output", help="The HTML file to write."),
     ranks: str = typer.Option(None, "--rank", help=tools.COMMON["ranks"].help),
     steps: str = typer.Option(None, "--steps", help=tools.COMMON["steps"].help),
+    predict: bool = typer.Option(False, "--predict", help="Replay each recommendation's "
+                                 "change and show its predicted gain (docs/advise.md)."),
     as_json: bool = _JSON,
 ) -> None:
     """Write one self-contained HTML report (overview, findings, charts, tables; works
@@ -277,7 +279,7 @@ def report(
 
     try:
         with load(store) as trace:
-            answer = tools.write_report(trace, output, ranks=ranks, steps=steps)
+            answer = tools.write_report(trace, output, ranks=ranks, steps=steps, predict=predict)
     except XpuprofError as e:
         _fail(e)
     if as_json:

@@ -223,12 +223,14 @@ def _run(section: Section, name: str, trace: Trace, **kw: Any) -> Result | None:
     return None
 
 
-def _overview_sections(trace: Trace, sel: dict[str, Any]) -> list[Section]:
-    """Findings, step time and top ops/kernels: all from one ``overview`` run."""
+def _overview_sections(trace: Trace, sel: dict[str, Any],
+                       predict: bool = False) -> list[Section]:  # fmt: skip
+    """Findings, step time and top ops/kernels: all from one ``overview`` run (``predict``:
+    each recommendation with the gain its replayed change predicts)."""
     find = Section("findings", "Findings")
     steps = Section("steps", "Step time")
     top = Section("top", "Top ops and kernels")
-    res = _run(find, "overview", trace, **sel)
+    res = _run(find, "overview", trace, **sel, predict=predict or None)
     if res is None:
         steps.notes.append("no overview: see the findings section")
         return [find, steps]
@@ -325,8 +327,9 @@ class Report:
 
 
 def build(trace: Trace, *, ranks: Iterable[int] | None = None,
-          steps: StepSelection = None) -> Report:  # fmt: skip
-    """The report of ``trace`` for the selection (``ranks``, ``steps``: the tool convention)."""
+          steps: StepSelection = None, predict: bool = False) -> Report:  # fmt: skip
+    """The report of ``trace`` for the selection (``ranks``, ``steps``: the tool convention);
+    ``predict``: the findings with the gain their replayed change predicts (``docs/advise.md``)."""
     sel = {"ranks": list(ranks) if ranks is not None else None, "steps": steps}
     head = Section("store", "The trace")
     inf = _run(head, "info", trace)
@@ -334,7 +337,7 @@ def build(trace: Trace, *, ranks: Iterable[int] | None = None,
         if isinstance(inf.facts.get("headline"), str):
             head.parts.append(f"<p>{esc(inf.facts['headline'])}</p>")
         head.table(inf, "sources", limit=ROWS)
-    sections = [head, *_overview_sections(trace, sel)]
+    sections = [head, *_overview_sections(trace, sel, predict)]
     left_out: dict[str, str] = {}
     for sid, make, why in SECTIONS:
         sec = make(trace, sel)
@@ -499,12 +502,12 @@ def write_atomic(path: Path, text: str) -> int:
 
 
 def write_report(trace: Trace, out: str | Path, *, ranks: Iterable[int] | None = None,
-                 steps: StepSelection = None) -> dict[str, Any]:  # fmt: skip
+                 steps: StepSelection = None, predict: bool = False) -> dict[str, Any]:  # fmt: skip
     """Write the report of ``trace`` (:func:`build`) to ``out``, atomically. Returns
     ``{"path", "bytes", "sections", "left_out"}``. A bad path (no such folder, a folder) is an
     :class:`XpuprofError` naming it, raised before any tool runs."""
     path = check_output(out)
-    rep = build(trace, ranks=ranks, steps=steps)
+    rep = build(trace, ranks=ranks, steps=steps, predict=predict)
     size = write_atomic(path, rep.html)
     return {"path": str(path.resolve()), "bytes": size, "sections": rep.sections,
             "left_out": rep.left_out}  # fmt: skip

@@ -475,14 +475,15 @@ def viewer_overlays(
 
 def write_report(
     trace: Trace, out: str | Path, *, ranks: Iterable[int] | str | None = None,
-    steps: StepSelection | str = None,
+    steps: StepSelection | str = None, predict: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Write the self-contained HTML report of ``trace`` to ``out`` (:mod:`xpuprof.ui.report`);
-    ranks and steps may be given as the CLI's text."""
+    ranks and steps may be given as the CLI's text; ``predict``: the recommendations with the
+    gain their replayed change predicts."""
     from xpuprof.ui.report import write_report as write
 
     kw = _call(get("overview"), (trace,), {"ranks": ranks, "steps": steps})
-    return write(trace, Path(out), **kw)
+    return write(trace, Path(out), **kw, predict=predict)
 
 
 def serve_ui(root: str | Path, *, host: str = "127.0.0.1", port: int = 8765,
