@@ -231,3 +231,26 @@ def test_dataloader_workers_on_back_to_back_steps(tmp_path):
     with tb.load(tmp_path) as t:
         w = whatif(t, ["dataloader-workers=2"])
         assert (w.steps["predicted_ns"] / US).tolist() == [10, 10]
+
+
+def test_a_blocking_copy_made_asynchronous(tmp_path):
+    """Step 0–80. "k0" launched 1–2, runs 6–10 (4 µs after its call returned: the typical
+    launch latency). A pageable copy: cudaMemcpyAsync 20–70 stages the data, its copy runs
+    65–70, the call returns with it; "after" 70–80. no-sync: the call returns at once (20),
+    "after" runs 20–30, the step is 30 µs; the copy, now from pinned memory, is submitted as a
+    launch is: 4 µs after its call (24–29) instead of 45 µs of staging."""
+    tb = TraceBuilder(rank=0)
+    tb.step(0, ts=0, dur=80)
+    tb.launch("k0", ts=6, dur=4, launch_ts=1, launch_dur=1)
+    tb.launch("Memcpy DtoH (Device -> Pageable)", ts=65, dur=5, launch_ts=20, launch_dur=50,
+              call="cudaMemcpyAsync", cat="gpu_memcpy")  # fmt: skip
+    tb.op("after", 70, 10)
+    with tb.load(tmp_path) as t:
+        w = whatif(t, ["no-sync"])
+        assert _step(w) == 30
+        assert any("1 copies submitted asynchronously" in n for n in w.notes)
+        g = w.baseline.graph
+        names = w.baseline.events().set_index("id")["name"]
+        start = {names[e]: int(w.time[i]) for i, e in enumerate(g.nodes.event)
+                 if e >= 0 and g.nodes.kind[i] in (0, 2)}  # fmt: skip
+        assert start["Memcpy DtoH (Device -> Pageable)"] == 24 * US

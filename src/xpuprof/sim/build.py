@@ -148,7 +148,7 @@ def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.Dat
                        "process ends an event: the autograd thread and the main thread, a "
                        "worker and its caller)")  # fmt: skip
     # typical delays of this part (medians of clean observations)
-    typ = _typical(b, part, work, d, ds, launched, sync_src, sync_dst)
+    typ = _typical(b, part, work, d, ds, launched, sync_src, sync_dst, host.end)
     if s.empty and len(work):
         w_src, w_dst = _inferred_stream_waits(b, part, h, host, work, ds, launched, typ)
         sw_src, sw_dst = np.r_[sw_src, w_src], np.r_[sw_dst, w_dst]
@@ -288,7 +288,8 @@ def _inferred_syncs(host: gb.HostCalls, h: pd.DataFrame, dl: pd.DataFrame,
 
 
 def _typical(b: Builder, part: int, work: pd.DataFrame, d: pd.DataFrame, ds: dict,
-             launched: np.ndarray, sync_src: np.ndarray, sync_dst: np.ndarray) -> dict:  # fmt: skip
+             launched: np.ndarray, sync_src: np.ndarray, sync_dst: np.ndarray,
+             call_end: np.ndarray) -> dict:  # fmt: skip
     """Per-part medians of clean observations: launch latency (from the launch's submission:
     its call's start, or its end for work that started after the call returned) of work
     launched onto an empty queue of an idle stream; gap between work and the work queued
@@ -299,7 +300,10 @@ def _typical(b: Builder, part: int, work: pd.DataFrame, d: pd.DataFrame, ds: dic
         t = gb.i64(work.t)
         call_ts, submit = work.call_ts.to_numpy(), work.submit_ts.to_numpy()
         pe = ds["prev_end"][launched]
-        idle = work.onto_empty_queue.to_numpy(bool) & (pe < call_ts)
+        # (a copy its call waited for was staged by the host: not a launch latency)
+        staged = ((work.level.to_numpy(object) == "memcpy")
+                  & (t + gb.i64(work.dur) <= call_end[work.call.to_numpy()]))  # fmt: skip
+        idle = work.onto_empty_queue.to_numpy(bool) & (pe < call_ts) & ~staged
         if idle.any():
             launch = int(np.median(np.maximum(t[idle] - submit[idle], 0)))
         queued = (pe > call_ts) & (pe > np.iinfo(np.int64).min)

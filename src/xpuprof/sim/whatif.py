@@ -46,6 +46,7 @@ from xpuprof.sim.graph import (
     DEVICE_WORK,
     HOST_GAP,
     HOST_WORK,
+    LAUNCH,
     RENDEZVOUS,
     SYNC,
     ReplayGraph,
@@ -334,7 +335,18 @@ def _apply(c: Change, g: ReplayGraph, events: _Names, delay: np.ndarray,
             raise XpuprofError(f"change {c.text!r}: no host call waits for the device in the "
                                "replay graph (no sync edge)")  # fmt: skip
         keep &= ~pick
-        return f"{c.text}: {int(pick.sum()):,} waits removed"
+        # a copy its own call waited for (synchronous, or pageable: staged by the host) is
+        # made asynchronous from pinned memory: it is submitted as any launch is, after the
+        # rank's typical launch latency instead of its measured delay (its run is kept)
+        own = pick & (_launching_call(g, e.src) == g.nodes.event[e.dst])
+        starts = e.src[own] - 1  # the copy's start point (its end's predecessor)
+        launch = (e.kind == LAUNCH) & np.isin(e.dst, starts)
+        typical = g.typical.set_index("part")["launch_ns"]
+        t = typical.reindex(g.nodes.part[e.dst[launch]]).fillna(0).to_numpy(np.int64)
+        delay[launch] = np.minimum(delay[launch], t)
+        return (f"{c.text}: {int(pick.sum()):,} waits removed"
+                + (f"; {int(launch.sum()):,} copies submitted asynchronously" if launch.any()
+                   else ""))  # fmt: skip
     if c.verb == "cuda-graphs":
         calls = _select(Change(c.text, "scale", ("runtime",), LAUNCH_PATTERN), events)
         if c.pattern:
@@ -453,6 +465,16 @@ def _priced(c: Change, trace: Trace, g: ReplayGraph, delay: np.ndarray) -> str:
     priced = int((new != delay).sum())
     delay[:] = new
     return f"{c.text}: {priced:,} collective edges repriced (NCCL's model, relative to the trace)"
+
+
+def _launching_call(g: ReplayGraph, points: np.ndarray) -> np.ndarray:
+    """Per device end point in ``points``, the event id of the host call that launched its
+    work (-1 when none, or not a device end)."""
+    e = g.edges
+    launch = np.flatnonzero(e.kind == LAUNCH)
+    call_of_start = pd.Series(g.nodes.event[e.src[launch]], index=e.dst[launch])
+    call_of_start = call_of_start[~call_of_start.index.duplicated()]
+    return call_of_start.reindex(np.asarray(points) - 1).fillna(-1).to_numpy(np.int64)
 
 
 def _inside(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
