@@ -24,8 +24,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import os
-import shutil
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xpuprof.core.errors import StoreError
-from xpuprof.trace.lock import temp_name
 from xpuprof.view import tiers as tr
 
 if TYPE_CHECKING:
@@ -72,33 +69,8 @@ def locate(trace: Trace) -> Path:
     from xpuprof.trace.store import MANIFEST
 
     name = folder_name(trace)
-    for base in tr.places(trace):
-        if (base / name / MANIFEST).is_file():
-            return base / name
-    problems = []
-    for base in tr.places(trace):
-        try:
-            base.mkdir(parents=True, exist_ok=True)
-            tmp = base / temp_name(name)
-            tmp.mkdir()
-        except OSError as e:
-            problems.append(f"{base}: {e.strerror or e}")
-            continue
-        try:
-            build(trace, tmp)
-            try:
-                os.rename(tmp, base / name)
-            except OSError:
-                if not (base / name / MANIFEST).is_file():
-                    raise
-                shutil.rmtree(tmp, ignore_errors=True)  # another process was first
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if base == trace.path / tr.FOLDER:
-            _clean(base, name)
-        return base / name
-    raise StoreError(f"{trace.path}: cannot write the simulated timeline ({'; '.join(problems)})")
+    return tr.find_or_build(trace, name, MANIFEST, lambda tmp: build(trace, tmp),
+                            lambda base: _clean(base, name), "the simulated timeline")  # fmt: skip
 
 
 def _clean(base: Path, keep: str) -> None:

@@ -95,35 +95,47 @@ def clean(base: Path, keep: str) -> None:
 def locate(trace: Trace, *, build: bool = True) -> Path | None:
     """The folder of this store's tiers, built first when there is none (``build``)."""
     d = digest(trace)
-    for base in places(trace):
-        if (base / d / "meta.json").is_file():
-            return base / d
     if not build:
-        return None
+        return next((base / d for base in places(trace) if (base / d / "meta.json").is_file()),
+                    None)  # fmt: skip
+    return find_or_build(trace, d, "meta.json", lambda tmp: bd.build(trace, tmp, d),
+                         lambda base: clean(base, d), "the viewer's tiers")  # fmt: skip
+
+
+def find_or_build(trace: Trace, name: str, marker: str, make: Callable[[Path], None],
+                  tidy: Callable[[Path], None], what: str) -> Path:  # fmt: skip
+    """The folder ``name`` (complete when it holds ``marker``) in the first of
+    :func:`places` that has it; else built by ``make`` into a temporary folder of the first
+    place that can be written and renamed into place (atomic: a reader never sees it half
+    made; another process first → its folder is used), then ``tidy`` runs on the store's own
+    folder. A :class:`StoreError` naming every place when none can be written."""
+    for base in places(trace):
+        if (base / name / marker).is_file():
+            return base / name
     problems = []
     for base in places(trace):
         try:
             base.mkdir(parents=True, exist_ok=True)
-            tmp = base / temp_name(d)
+            tmp = base / temp_name(name)
             tmp.mkdir()
         except OSError as e:
             problems.append(f"{base}: {e.strerror or e}")
             continue
         try:
-            bd.build(trace, tmp, d)
+            make(tmp)
             try:
-                os.rename(tmp, base / d)
+                os.rename(tmp, base / name)
             except OSError:
-                if not (base / d / "meta.json").is_file():
+                if not (base / name / marker).is_file():
                     raise
                 shutil.rmtree(tmp, ignore_errors=True)  # another process was first: use its
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         if base == trace.path / FOLDER:
-            clean(base, d)
-        return base / d
-    raise StoreError(f"{trace.path}: cannot write the viewer's tiers ({'; '.join(problems)})")
+            tidy(base)
+        return base / name
+    raise StoreError(f"{trace.path}: cannot write {what} ({'; '.join(problems)})")
 
 
 class Tiers:
