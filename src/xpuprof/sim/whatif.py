@@ -338,8 +338,9 @@ def _apply(c: Change, g: ReplayGraph, events: _Names, delay: np.ndarray,
         # a copy its own call waited for (synchronous, or pageable: staged by the host) is
         # made asynchronous from pinned memory: it is submitted as any launch is, after the
         # rank's typical launch latency instead of its measured delay (its run is kept)
-        own = pick & (_launching_call(g, e.src) == g.nodes.event[e.dst])
-        starts = e.src[own] - 1  # the copy's start point (its end's predecessor)
+        src, dst = e.src[pick], e.dst[pick]
+        own = _launching_call(g, src) == g.nodes.event[dst]
+        starts = src[own] - 1  # the copy's start point (its end's predecessor)
         launch = (e.kind == LAUNCH) & np.isin(e.dst, starts)
         typical = g.typical.set_index("part")["launch_ns"]
         t = typical.reindex(g.nodes.part[e.dst[launch]]).fillna(0).to_numpy(np.int64)
