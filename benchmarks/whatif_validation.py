@@ -30,6 +30,7 @@ The error is (predicted − measured) / measured of the unprofiled mean step. Me
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import platform
 import statistics
@@ -40,6 +41,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+#: The modules of ``benchmarks/whatif_cases`` run after the input-pipeline cases above.
+CASE_MODULES = ("batch", "threads", "fusion")
 
 
 def _busy(ms: float) -> None:
@@ -146,8 +151,14 @@ def run(args: argparse.Namespace) -> dict:
     for name, (change, _, _) in cases.items():
         row = {k: statistics.median(v) for k, v in rows[name].items()}
         row["change"] = change
-        row["error_pct"] = 100 * (row["predicted"] - row["measured"]) / row["measured"]
         out["cases"][name] = row
+    for mod in CASE_MODULES:
+        if args.only and mod not in args.only:
+            continue
+        print(f"cases: {mod} …", file=sys.stderr)
+        out["cases"].update(importlib.import_module(f"whatif_cases.{mod}").run(args))
+    for row in out["cases"].values():
+        row["error_pct"] = 100 * (row["predicted"] - row["measured"]) / row["measured"]
     errs = [abs(c["error_pct"]) for c in out["cases"].values()]
     out["median_error_pct"], out["worst_error_pct"] = statistics.median(errs), max(errs)
     return out
@@ -195,6 +206,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--collate-ms", type=float, default=25.0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help=f"case modules to run besides the input cases: {', '.join(CASE_MODULES)}")
     args = ap.parse_args()
     res = run(args)
     res["resnet50_pair"] = resnet_pair()
@@ -210,7 +223,11 @@ def main() -> None:
         print(f"| {name} | `{c['change']}` | {c['predicted'] * 1e3:.2f} | "
               f"{c['measured'] * 1e3:.2f} | {c['error_pct']:+.1f} | "
               f"{c['speedup_predicted']:.2f} | {c['speedup_measured']:.2f} | "
-              f"{c['predicted_by_ratio'] * 1e3:.2f} |")  # fmt: skip
+              + (f"{c['predicted_by_ratio'] * 1e3:.2f} |" if "predicted_by_ratio" in c
+                 else "– |"))  # fmt: skip
+    for name, c in res["cases"].items():
+        if c.get("note"):
+            print(f"- {name}: {c['note']}")
     print(f"\n|error| median {res['median_error_pct']:.1f} %, worst {res['worst_error_pct']:.1f} %")
     r = res["resnet50_pair"]
     if r is None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -85,6 +85,12 @@ class Change:
     levels: tuple[str, ...] = ()
     pattern: str | None = None
     factor: float = 0.0
+    #: a transform module's own settings (``sim/transforms``), as it parsed them
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def option(self, key: str, default: Any = None) -> Any:
+        """One of :attr:`options`."""
+        return dict(self.options).get(key, default)
 
 
 def parse(text: str) -> Change:
@@ -93,6 +99,10 @@ def parse(text: str) -> Change:
     head, _, factor_text = t.partition("=")
     verb, _, arg = head.partition(":")
     verb = verb.strip().lower()
+    from xpuprof.sim import transforms
+
+    if verb in transforms.REGISTRY:
+        return transforms.module(verb).parse(t, verb, arg.strip(), factor_text.strip())
     if verb in ("device", "collective"):  # their value is a name or settings, not a factor
         if verb == "collective":
             arg, factor_text = t.partition(":")[2], ""
@@ -131,7 +141,8 @@ def parse(text: str) -> Change:
     raise XpuprofError(f"change {text!r}: unknown change {verb!r}; changes: scale:SELECTOR="
                        "FACTOR, host-gaps=FACTOR, no-sync[:REGEX], cuda-graphs[:REGEX], "
                        "no-input-wait[:REGEX], dataloader-workers[:REGEX]=N, device=KEY, "
-                       "collective:K=V,… (docs/whatif.md)")  # fmt: skip
+                       f"collective:K=V,…, {', '.join(transforms.REGISTRY)} "
+                       "(docs/whatif.md)")  # fmt: skip
 
 
 def _named(t: str, verb: str, arg: str, value: str) -> Change:
@@ -236,10 +247,16 @@ def whatif(
     notes = []
     events = _Names(trace, g) if parsed else None
     # changes that a cost model prices come first, each on the delays so far
-    for c in (c for c in parsed if c.verb in ("device", "collective")):
-        notes.append(_priced(c, trace, g, delay))
-    for c in (c for c in parsed if c.verb not in ("device", "collective")):
-        notes.append(_apply(c, g, events, delay, keep, _cpus(trace)))  # type: ignore[arg-type]
+    from xpuprof.sim import transforms
+
+    ctx = transforms.Context(trace, g, events, delay, keep, _cpus(trace))
+    for c in sorted(parsed, key=lambda c: not _is_priced(c)):
+        if c.verb in transforms.REGISTRY:
+            notes.append(transforms.module(c.verb).apply(c, ctx))
+        elif c.verb in ("device", "collective"):
+            notes.append(_priced(c, trace, g, delay))
+        else:
+            notes.append(_apply(c, g, events, delay, keep, ctx.cpus))  # type: ignore[arg-type]
     sched = run(g, delay, keep)
     off = g.nodes.time - g.aligned
     time = sched.time + off
@@ -253,6 +270,15 @@ def whatif(
 
 
 # -- the changes ------------------------------------------------------------------------------
+
+
+def _is_priced(c: Change) -> bool:
+    """Whether a cost model prices ``c`` (applied first, in the given order)."""
+    from xpuprof.sim import transforms
+
+    if c.verb in transforms.REGISTRY:
+        return bool(transforms.module(c.verb).PRICED)
+    return c.verb in ("device", "collective")
 
 
 class _Names:
