@@ -27,10 +27,12 @@ CATEGORIES = ("host", "launch", "device compute", "communication", "waiting", "l
 
 
 def critical_paths(g: ReplayGraph, base: Replay, before: engine.Schedule,
-                    after: engine.Schedule, keep: np.ndarray) -> pd.DataFrame:  # fmt: skip
+                   after: engine.Schedule, keep: np.ndarray,
+                   after_graph: ReplayGraph | None = None) -> pd.DataFrame:  # fmt: skip
     """Per part, time per category on the critical path from the start of its first step to
     the end of its last (without steps: from its first point to its last), before and after
-    the change."""
+    the change (``after_graph``: the changed graph where a change rewired edges; same
+    nodes)."""
     rows = []
     st = base.steps
     span: dict[int, tuple[int, int]] = {}
@@ -42,7 +44,7 @@ def critical_paths(g: ReplayGraph, base: Replay, before: engine.Schedule,
             span[p] = (int(s_node[mine[np.argmin(step[mine])]]),
                        int(e_node[mine[np.argmax(step[mine])]]))  # fmt: skip
     walk_before = Walk(g, before, np.ones(len(g.edges), bool))
-    walk_after = Walk(g, after, keep)
+    walk_after = Walk(after_graph or g, after, keep)
     for p in g.parts:
         if p not in span:
             mine = np.flatnonzero(g.nodes.part == p)

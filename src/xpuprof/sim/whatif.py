@@ -122,7 +122,7 @@ def parse(text: str) -> Change:
                                f"{', '.join(SELECTORS)}")  # fmt: skip
         if not factor_text:
             raise XpuprofError(f"change {text!r}: say the factor, e.g. scale:{sel}=0.5")
-        return Change(t, verb, SELECTORS[sel], _regex(text, pattern or None), factor)
+        return Change(t, verb, SELECTORS[sel], checked_pattern(text, pattern or None), factor)
     if verb == "host-gaps":
         if not factor_text:
             raise XpuprofError(f"change {text!r}: say the factor, e.g. host-gaps=0.5")
@@ -131,13 +131,13 @@ def parse(text: str) -> Change:
         if not factor_text or factor < 1 or factor != int(factor):
             raise XpuprofError(f"change {text!r}: say how many workers, e.g. "
                                "dataloader-workers=2")  # fmt: skip
-        return Change(t, verb, pattern=_regex(text, arg or None) or INPUT_PATTERN,
+        return Change(t, verb, pattern=checked_pattern(text, arg or None) or INPUT_PATTERN,
                       factor=factor)  # fmt: skip
     if verb in ("no-sync", "cuda-graphs", "no-input-wait"):
         if factor_text:
             raise XpuprofError(f"change {text!r}: {verb} takes no factor")
         default = INPUT_PATTERN if verb == "no-input-wait" else None
-        return Change(t, verb, pattern=_regex(text, arg or None) or default)
+        return Change(t, verb, pattern=checked_pattern(text, arg or None) or default)
     raise XpuprofError(f"change {text!r}: unknown change {verb!r}; changes: scale:SELECTOR="
                        "FACTOR, host-gaps=FACTOR, no-sync[:REGEX], cuda-graphs[:REGEX], "
                        "no-input-wait[:REGEX], dataloader-workers[:REGEX]=N, device=KEY, "
@@ -179,7 +179,7 @@ def _settings(text: str, arg: str) -> dict[str, object]:
     return out
 
 
-def _regex(text: str, pattern: str | None) -> str | None:
+def checked_pattern(text: str, pattern: str | None) -> str | None:
     if pattern is None:
         return None
     try:
@@ -256,13 +256,14 @@ def whatif(
         elif c.verb in ("device", "collective"):
             notes.append(_priced(c, trace, g, delay))
         else:
-            notes.append(_apply(c, g, events, delay, keep, ctx.cpus))  # type: ignore[arg-type]
-    sched = run(g, delay, keep)
+            notes.append(_apply(c, ctx.graph, events, delay, keep, ctx.cpus))  # type: ignore[arg-type]
+    changed = ctx.graph  # the baseline's nodes; a transform may have rewired edges
+    sched = run(changed, delay, keep)
     off = g.nodes.time - g.aligned
     time = sched.time + off
     steps_t = _steps(base, time)
     summary = _summary(base, steps_t)
-    cp = critical_paths(g, base, base.schedule or run(g), sched, keep)
+    cp = critical_paths(g, base, base.schedule or run(g), sched, keep, after_graph=changed)
     if not parsed:
         notes.append("no change given: the prediction is the baseline (the identity replay)")
     return WhatIf(baseline=base, changes=parsed, time=time, summary=summary, steps=steps_t,
@@ -302,7 +303,7 @@ class _Names:
         return self.cache[levels]
 
 
-def _member(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def member(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Whether each of ``values`` is in ``ids`` (a binary search in the sorted ids: event ids
     are too sparse for a table, and ``np.isin`` sorts both sides)."""
     ids = np.unique(np.asarray(ids, np.int64))
@@ -312,7 +313,7 @@ def _member(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return ids[pos] == values
 
 
-def _select(c: Change, names: _Names) -> np.ndarray:
+def select(c: Change, names: _Names) -> np.ndarray:
     """Ids of the replayed events ``c`` selects (an error when none)."""
     events = names.frame(c.levels)
     mask = np.ones(len(events), bool)
@@ -337,26 +338,26 @@ def _apply(c: Change, g: ReplayGraph, events: _Names, delay: np.ndarray,
     """Apply ``c`` to ``delay``/``keep`` in place; a note saying what it touched."""
     e = g.edges
     if c.verb == "scale":
-        ids = _select(c, events)
+        ids = select(c, events)
         work = np.isin(e.kind, (HOST_WORK, DEVICE_WORK, DEVICE_COMMUNICATION))
-        pick = work & _member(e.event, ids)
+        pick = work & member(e.event, ids)
         # a matched collective's transfer time is carried by its rendezvous edges too
         out_of_rz = (e.kind == COLLECTIVE) & (g.nodes.kind[e.src] == RENDEZVOUS)
-        pick |= out_of_rz & _member(g.nodes.event[e.dst], ids)
+        pick |= out_of_rz & member(g.nodes.event[e.dst], ids)
         delay[pick] = np.rint(delay[pick] * c.factor).astype(np.int64)
         return f"{c.text}: {len(ids):,} events, {int(pick.sum()):,} edges scaled"
     if c.verb == "host-gaps":
         # host time in no op or runtime call: between top-level events, or inside a step
         # span but outside its ops (Python, the optimizer loop, dispatch)
         steps = events.frame(("step",))["id"].to_numpy()
-        pick = (e.kind == HOST_GAP) | ((e.kind == HOST_WORK) & _member(e.event, steps))
+        pick = (e.kind == HOST_GAP) | ((e.kind == HOST_WORK) & member(e.event, steps))
         delay[pick] = np.rint(delay[pick] * c.factor).astype(np.int64)
         return f"{c.text}: {int(pick.sum()):,} stretches of host time outside ops scaled"
     if c.verb == "no-sync":
         pick = e.kind == SYNC
         if c.pattern:
-            ids = _select(Change(c.text, "scale", ("runtime",), c.pattern), events)
-            pick &= _member(g.nodes.event[e.dst], ids)
+            ids = select(Change(c.text, "scale", ("runtime",), c.pattern), events)
+            pick &= member(g.nodes.event[e.dst], ids)
         if not pick.any():
             raise XpuprofError(f"change {c.text!r}: no host call waits for the device in the "
                                "replay graph (no sync edge)")  # fmt: skip
@@ -375,17 +376,17 @@ def _apply(c: Change, g: ReplayGraph, events: _Names, delay: np.ndarray,
                 + (f"; {int(launch.sum()):,} copies submitted asynchronously" if launch.any()
                    else ""))  # fmt: skip
     if c.verb == "cuda-graphs":
-        calls = _select(Change(c.text, "scale", ("runtime",), LAUNCH_PATTERN), events)
+        calls = select(Change(c.text, "scale", ("runtime",), LAUNCH_PATTERN), events)
         if c.pattern:
-            region = _select(Change(c.text, "scale", (), c.pattern), events)
-            calls = np.intersect1d(calls, _inside(g, region))
-        pick = (e.kind == HOST_WORK) & _member(e.event, calls)
+            region = select(Change(c.text, "scale", (), c.pattern), events)
+            calls = np.intersect1d(calls, inside(g, region))
+        pick = (e.kind == HOST_WORK) & member(e.event, calls)
         delay[pick] = 0
         return f"{c.text}: the host time of {len(calls):,} launch calls removed"
     if c.verb == "no-input-wait":
-        ids = _select(Change(c.text, "scale", (), c.pattern), events)
-        ids = np.union1d(ids, _inside(g, ids))
-        pick = (e.kind == HOST_WORK) & _member(e.event, ids)
+        ids = select(Change(c.text, "scale", (), c.pattern), events)
+        ids = np.union1d(ids, inside(g, ids))
+        pick = (e.kind == HOST_WORK) & member(e.event, ids)
         delay[pick] = 0
         return f"{c.text}: {len(ids):,} input-pipeline events take no time"
     if c.verb == "dataloader-workers":
@@ -406,8 +407,8 @@ def _workers(c: Change, g: ReplayGraph, events: _Names, delay: np.ndarray,
     first batch's cold start and the cost of shipping batches between processes are not in
     the trace, so not in the prediction."""
     n = g.nodes
-    ids = _select(Change(c.text, "scale", (), c.pattern), events)
-    starts = np.sort(np.flatnonzero((n.kind == 0) & _member(n.event, ids)))
+    ids = select(Change(c.text, "scale", (), c.pattern), events)
+    starts = np.sort(np.flatnonzero((n.kind == 0) & member(n.event, ids)))
     ends = ends_of(g, n.event[starts])
     # outermost spans only (an input span inside another is part of it)
     outer = np.r_[True, starts[1:] > np.maximum.accumulate(ends)[:-1]]
@@ -504,12 +505,12 @@ def _launching_call(g: ReplayGraph, points: np.ndarray) -> np.ndarray:
     return call_of_start.reindex(np.asarray(points) - 1).fillna(-1).to_numpy(np.int64)
 
 
-def _inside(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
+def inside(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
     """Ids of the host events nested inside the events ``ids`` on their threads (points
     between an event's start and end on its timeline)."""
     n = g.nodes
     host = n.kind <= 1
-    start = np.flatnonzero(host & (n.kind == 0) & _member(n.event, ids))
+    start = np.flatnonzero(host & (n.kind == 0) & member(n.event, ids))
     end_of = pd.Series(np.flatnonzero(host & (n.kind == 1)),
                        index=n.event[host & (n.kind == 1)])  # fmt: skip
     end_of = end_of[~end_of.index.duplicated()]
@@ -578,3 +579,7 @@ def _summary(base: Replay, steps: pd.DataFrame) -> pd.DataFrame:
 
 def _pct(a: pd.Series | float, b: pd.Series | float) -> pd.Series | float:
     return 100.0 * (a - b) / b
+
+
+# the earlier private names, while the transform modules move to the public ones
+_select, _member, _inside, _regex = select, member, inside, checked_pattern

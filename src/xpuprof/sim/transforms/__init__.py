@@ -32,14 +32,16 @@ REGISTRY = {
     "fuse-elementwise": "fusion",
     "fuse": "fusion",
     "dtype": "dtype",
+    "overlap-collective": "overlap",
 }
 
 
 @dataclass
 class Context:
-    """What a transform reads and changes: the trace, the baseline replay graph, the event
-    names of the replayed parts (``whatif._Names``), the edge delays and the kept-edge mask
-    (both changed in place), and the CPUs each part could use."""
+    """What a transform reads and changes: the trace, the replay graph (the baseline's; a
+    transform that rewires edges replaces it with a graph of the same nodes and edge
+    numbering), the event names of the replayed parts (``whatif._Names``), the edge delays and
+    the kept-edge mask (both changed in place), and the CPUs each part could use."""
 
     trace: Trace
     graph: ReplayGraph
