@@ -248,6 +248,50 @@ def test_a_bandwidth_bound_all_reduce_with_half_the_bytes(tmp_path) -> None:
         assert r.predicted_step_ms == pytest.approx(500 * US)
 
 
+def test_an_exposed_all_reduce_overlapped_with_the_next_kernel(tmp_path) -> None:
+    """Two ranks; stream 7 runs GEMM A [10, 110), the all-reduce of 4 MiB runs on stream 9
+    [110, 310) after it (a stream wait), kernel B [312, 412) waits for it on stream 7, and the
+    host waits for B in ``cudaDeviceSynchronize`` [13, 415), then "tail" [415, 420). 7 GB/s of
+    bus bandwidth: "exposed", not bandwidth-bound. Overlapped, B follows A at once (the queue
+    gap is 0: four kernels queued back to back on stream 30 after the step), [110, 210); the
+    synchronize returns 3 µs later (its measured wake-up), "tail" [213, 218); the all-reduce
+    still ends at 310, which ends the step's device work: 310 µs per step, 110 µs saved.
+    (Three kernels launched onto an idle stream 31, 4 µs after their call's end, make the
+    typical launch latency 4 µs, so that both stream waits are inferred: docs/replay.md.)"""
+    paths = []
+    args = {"Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20,
+            "Group size": 2, "dtype": "Float", "Process Group Name": "0",
+            "Process Group Ranks": "[0, 1]"}  # fmt: skip
+    coll = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    for rank in (0, 1):
+        tb = TraceBuilder(rank=rank, world_size=2, device_properties=A100)
+        tb.step(0, 0, 420)
+        tb.op("aten::mm", 0, 5)
+        tb.launch("ampere_sgemm_128x64_tn", 10, 100, launch_ts=1, launch_dur=2, stream=7)
+        tb.runtime("cudaStreamWaitEvent", 4, 0.5)
+        tb.op("nccl:all_reduce", 5, 3)
+        tb.launch(coll, 110, 200, launch_ts=6, launch_dur=1, stream=9, **args)
+        tb.runtime("cudaStreamWaitEvent", 8.5, 0.5)
+        tb.op("aten::add", 9, 3)
+        tb.launch("vectorized_elementwise_kernel", 312, 100, launch_ts=10, launch_dur=1,
+                  stream=7)  # fmt: skip
+        tb.runtime("cudaDeviceSynchronize", 13, 402)
+        tb.op("tail", 415, 5)
+        for i, (ts, dur) in enumerate(((505, 20), (525, 1), (526, 1), (527, 1))):
+            tb.launch(f"queued{i}", ts, dur, launch_ts=500 + i, launch_dur=1, stream=30)
+        for call in (530, 540, 550):
+            tb.launch("other", call + 5, 1, launch_ts=call, launch_dur=1, stream=31)
+        paths.append(tb.write(tmp_path / f"rank{rank}.json"))
+    xpuprof.import_traces(paths, tmp_path / "job.store")
+    with xpuprof.load(tmp_path / "job.store") as t:
+        r = rec(advise(t, predict=True), "communication")
+        assert "(exposed)" in r.finding
+        assert r.change == f"overlap-collective:{exact_pattern([coll])}"
+        assert r.predicted_step_ms == pytest.approx(310 * US)
+        assert r.predicted_gain_ms == pytest.approx(110 * US)
+        assert r.prediction_of == "with_device" and "a bound" in r.prediction
+
+
 def test_exact_patterns_survive_the_change_language() -> None:
     """Names with regex characters and ``=`` select themselves and nothing else, through
     the what-if's parser (whose factor follows the first ``=``)."""

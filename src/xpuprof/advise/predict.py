@@ -141,6 +141,11 @@ def plan(f: Finding, ctx: Context) -> Plan | str | None:
         # at the link's peak a collective's time follows its bytes: half the bytes (fp32
         # gradients sent as bf16, the recommendation's first remedy) halve the transfer
         return Plan(("scale:collective=0.5",))
+    if f.rule == "communication" and "(exposed)" in f.finding and names:
+        # "overlap the collectives with compute": the compute stream stops waiting for them
+        # until the next step (a trace records no data flow that says where the result is
+        # read: the most overlap can give); gloo's host-side collectives select nothing
+        return Plan((f"overlap-collective:{exact_pattern(names)}",), bound=True)
     return None
 
 
