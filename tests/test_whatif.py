@@ -254,3 +254,15 @@ def test_a_blocking_copy_made_asynchronous(tmp_path):
         start = {names[e]: int(w.time[i]) for i, e in enumerate(g.nodes.event)
                  if e >= 0 and g.nodes.kind[i] in (0, 2)}  # fmt: skip
         assert start["Memcpy DtoH (Device -> Pageable)"] == 24 * US
+
+
+def test_a_device_change_without_shapes_says_which_option_supplies_them(tmp_path):
+    """A GEMM kernel launched by an op whose shapes were not recorded: the roofline has no
+    FLOPs or bytes for anything, so ``device=`` is refused, naming record_shapes."""
+    tb = TraceBuilder(rank=0, device_properties=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}])
+    tb.step(0, 0, 100)
+    tb.op("aten::mm", 0, 20)
+    tb.launch("ampere_sgemm_128x64_tn", 10, 60, launch_ts=5)
+    with tb.load(tmp_path) as t:
+        with pytest.raises(XpuprofError, match=r"price no work.*1 events.*record_shapes=True"):
+            whatif(t, ["device=h100-sxm"])

@@ -477,12 +477,28 @@ def _priced(c: Change, trace: Trace, g: ReplayGraph, delay: np.ndarray) -> str:
     base = _Fixed(delay.copy())
     if c.verb == "device":
         from xpuprof.sim.costs import RooflineCosts
+        from xpuprof.sim.costs.roofline import NO_OP
 
         model = RooflineCosts(trace, device=c.pattern, base=base)
         new = np.asarray(model.delays(g), np.int64)
         priced = int((new != delay).sum())
+        left = model.unpriced_summary()
+        if not priced and int(model.ops["priced"].sum()) == 0:
+            from xpuprof.core.text import short_name
+
+            u = model.unpriced
+            why = "; ".join(
+                f"{r.events:,} events: {r.reason} (e.g. " + ", ".join(
+                    short_name(str(x)) for x in
+                    u.loc[u["reason"] == r.reason, "name"].value_counts().index[:3]) + ")"
+                for r in left.head(2).itertuples())  # fmt: skip
+            raise XpuprofError(f"change {c.text!r}: the roofline can price no work of the "
+                               f"replayed steps: {why or NO_OP}")  # fmt: skip
         delay[:] = new
-        return f"{c.text}: {priced:,} edges repriced by the roofline calibrated on the trace"
+        kept = (f"; {int(left['events'].sum()):,} device events kept at their measured time "
+                f"(most: {left['reason'].iloc[0]})" if len(left) else "")  # fmt: skip
+        return (f"{c.text}: {priced:,} edges repriced by the roofline calibrated on the "
+                f"trace{kept}")  # fmt: skip
     from xpuprof.sim.netmodel.costs import CollectiveCosts
 
     settings = json.loads(c.pattern or "{}")
