@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 #: The modules of ``benchmarks/whatif_cases`` run after the input-pipeline cases above.
-CASE_MODULES = ("batch", "threads", "fusion")
+CASE_MODULES = ("batch", "threads", "fusion", "cuda")
 
 
 def _busy(ms: float) -> None:
