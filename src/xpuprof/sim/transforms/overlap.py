@@ -87,10 +87,13 @@ def apply(c: Change, ctx: Context) -> str:
     k = int(moved.sum())
     where = (f"{found:,} to the work of {until!r}, {k - found:,} to the next step's first work"
              if until else "to the next step's first work")  # fmt: skip
+    bound = ("" if until and found == k and k else "; an upper bound: a trace records no data "
+             "flow that says where a collective's result is read")  # fmt: skip
     return (
-        f"{c.text}: {len(ids):,} collectives; {k:,} stream waits moved ({where})"
+        f"{c.text}: {len(ids):,} collective kernels; {k:,} stream waits moved ({where})"
         + (f", {int((~moved).sum()):,} dropped (no later work)" if (~moved).any() else "")
         + ("" if not until or found else f"; no work of {until!r} follows them")
+        + bound
     )
 
 
