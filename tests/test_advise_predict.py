@@ -363,6 +363,41 @@ def test_resnet_pageable_batch_copy_made_non_blocking(resnet) -> None:
     assert r.predicted_gain_ms * 1e6 == pytest.approx(copies, rel=0.05)
 
 
+def test_dlrm_batch_copy_is_scoped_to_its_annotation(tmp_path) -> None:
+    """DLRM (workers 0 and 1 of the 8-rank V100 job): rank 1's blocking copy is the batch's
+    host-to-device copy under ``## copy_batch_to_gpu ##``. Its step also runs 10
+    ``cudaStreamSynchronize`` (6.6 ms) and 11 more ``cudaMemcpyAsync`` outside that region
+    (read-backs the host needs: query below), so the change is scoped to the region
+    (``@REGION``) — not one that removes every wait of those names, which once "predicted"
+    5.2 ms for a copy worth 209 µs. No call inside the region waits for the device in the
+    graph (a pageable copy staged by the host), so only their host time goes: 5
+    ``cudaMemcpyAsync`` and 17 ``cudaEventQuery`` calls, and the gain is below 1 %: dropped,
+    with a note."""
+    d = "kineto/gpu/dlrm_8rank_v100"
+    files = [shared(f"{d}/worker0_step_12.1694128201545.pt.trace.json.gz"),
+             shared(f"{d}/worker1_step_12.1694128201556.pt.trace.json.gz")]  # fmt: skip
+    xpuprof.import_traces(files, tmp_path / "dlrm.store")
+    with xpuprof.load(tmp_path / "dlrm.store") as t:
+        inside = t.sql(
+            "select e.name, count(*) as n, count(*) filter (where exists (select 1 from events "
+            "r where r.part = e.part and r.pid = e.pid and r.tid = e.tid and r.level = "
+            "'annotation' and r.name = '## copy_batch_to_gpu ##' and r.ts <= e.ts and "
+            "e.ts + e.dur <= r.ts + r.dur)) as inside from events e where e.rank = 1 and "
+            "e.name in ('cudaMemcpyAsync', 'cudaStreamSynchronize', 'cudaEventQuery') "
+            "group by 1").set_index("name")  # fmt: skip
+        assert inside.to_dict("index") == {
+            "cudaMemcpyAsync": {"n": 16, "inside": 5},
+            "cudaStreamSynchronize": {"n": 10, "inside": 0},
+            "cudaEventQuery": {"n": 73, "inside": 17},
+        }
+        res = advise(t, predict=True)
+        note = next(n for n in res.notes if n.startswith("dropped host-blocked"))
+        rx = "^(?:cudaEventQuery|cudaMemcpyAsync)$@^(?:## copy_batch_to_gpu ##)$"
+        assert f"`scale:runtime/{rx}=0`" in note and "its bound said up to 209 µs" in note
+        w = whatif(t, [f"scale:runtime/{rx}=0"], ranks=[1])
+        assert w.notes[0].endswith(": 22 events, 22 edges scaled")
+
+
 def test_the_report_shows_the_predictions(tmp_path) -> None:
     """`xpuprof report --predict`: the findings section carries each prediction's line."""
     from xpuprof.ui.report import build

@@ -266,3 +266,28 @@ def test_a_device_change_without_shapes_says_which_option_supplies_them(tmp_path
     with tb.load(tmp_path) as t:
         with pytest.raises(XpuprofError, match=r"price no work.*1 events.*record_shapes=True"):
             whatif(t, ["device=h100-sxm"])
+
+
+def test_a_region_scopes_no_sync_and_scale_to_the_calls_inside_it(tmp_path):
+    """Two read-backs in one 400 µs step: a 100 µs GEMM [10, 110) read back by a blocking
+    copy whose call [20, 115) sits inside the annotation "## log ##" [15, 120); a second
+    100 µs GEMM [130, 230) read back by a call [140, 235) outside it. ``@^## log ##$`` removes
+    the first wait only (1 of 2), and scaling the calls there to 0 touches that one call."""
+    tb = TraceBuilder(rank=0, device_properties=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}])
+    tb.step(0, 0, 400)
+    tb.launch("gemm", 10, 100, launch_ts=2, launch_dur=2)
+    tb.annotation("## log ##", 15, 105)
+    tb.launch("Memcpy DtoH (Device -> Pageable)", 110, 2, launch_ts=20, launch_dur=95,
+              call="cudaMemcpyAsync", cat="gpu_memcpy")  # fmt: skip
+    tb.launch("gemm", 130, 100, launch_ts=122, launch_dur=2)
+    tb.launch("Memcpy DtoH (Device -> Pageable)", 230, 2, launch_ts=140, launch_dur=95,
+              call="cudaMemcpyAsync", cat="gpu_memcpy")  # fmt: skip
+    with tb.load(tmp_path) as t:
+        both = whatif(t, ["no-sync:^cudaMemcpyAsync$"])
+        assert both.notes[0].startswith("no-sync:^cudaMemcpyAsync$: 2 waits removed")
+        one = whatif(t, ["no-sync:^cudaMemcpyAsync$@^## log ##$",
+                         "scale:runtime/^cudaMemcpyAsync$@^## log ##$=0"])  # fmt: skip
+        assert "1 waits removed" in one.notes[0]
+        assert one.notes[1].endswith(": 1 events, 1 edges scaled")
+        with pytest.raises(XpuprofError, match=r"its region '\^nothing' matches no replayed event"):
+            whatif(t, ["no-sync:^cudaMemcpyAsync$@^nothing"])

@@ -161,6 +161,9 @@ def _unblock(ctx: Context, first: int) -> Plan | str:
     from xpuprof.analysis.path_time import SYNC_CALLS
 
     w = ctx.where("e", device=False)
+    region = _annotation_above(ctx, first)
+    if region is not None:
+        return _unblock_region(ctx, region, SYNC_CALLS)
     up = ctx.trace.sql("select p.name, p.level from events e join events p on p.id = e.parent "
                        f"where e.id = {int(first)}")  # fmt: skip
     op = str(up["name"].iloc[0]) if len(up) and up["level"].iloc[0] == "op" else None
@@ -181,6 +184,35 @@ def _unblock(ctx: Context, first: int) -> Plan | str:
                 "finding's calls yet")  # fmt: skip
     rx = exact_pattern(sorted(calls["name"]))
     return Plan((f"no-sync:{rx}", f"scale:runtime/{rx}=0"))
+
+
+def _annotation_above(ctx: Context, first: int) -> str | None:
+    """The name of the innermost user annotation (``record_function``, not a step) that holds
+    the event ``first``: the region a blocking call belongs to (``## copy_batch_to_gpu ##``)."""
+    up = ctx.trace.sql(
+        "with recursive a(id, parent, name, level, d) as (select id, parent, name, level, 0 "
+        f"from events where id = {int(first)} union all select e.id, e.parent, e.name, "
+        "e.level, a.d + 1 from events e join a on e.id = a.parent where a.d < 64) "
+        "select name from a where level = 'annotation' order by d limit 1")  # fmt: skip
+    return str(up["name"].iloc[0]) if len(up) else None
+
+
+def _unblock_region(ctx: Context, region: str, sync_calls: frozenset[str]) -> Plan | str:
+    """The blocking calls inside the annotation ``region`` (in the judged steps) stop waiting
+    and cost no host time there, wherever else calls of those names run (``@REGION``): the
+    copy the finding is about made non-blocking, nothing outside it touched."""
+    w = ctx.where("e", device=False)
+    q = region.replace("'", "''")
+    calls = ctx.trace.sql(
+        "select distinct e.name from events e join events r on r.part = e.part and "
+        "r.pid = e.pid and r.tid = e.tid and r.ts <= e.ts and e.ts + e.dur <= r.ts + r.dur "
+        f"where {w} and e.level = 'runtime' and r.level = 'annotation' and r.name = '{q}'"
+    )
+    names = sorted(set(calls["name"].astype(str)) & sync_calls)
+    if not names:
+        return f"no blocking call found inside `{region}`"
+    rx, where = exact_pattern(names), exact_pattern([region])
+    return Plan((f"no-sync:{rx}@{where}", f"scale:runtime/{rx}@{where}=0"))
 
 
 def _input_plan(name: str) -> Plan:

@@ -98,6 +98,9 @@ def parse(text: str) -> Change:
     t = text.strip()
     head, _, factor_text = t.partition("=")
     verb, _, arg = head.partition(":")
+    if "@" in verb:  # ``no-sync@REGION``: a region without a pattern
+        verb, _, region = verb.partition("@")
+        arg = f"@{region}{':' + arg if arg else ''}"
     verb = verb.strip().lower()
     from xpuprof.sim import transforms
 
@@ -122,7 +125,11 @@ def parse(text: str) -> Change:
                                f"{', '.join(SELECTORS)}")  # fmt: skip
         if not factor_text:
             raise XpuprofError(f"change {text!r}: say the factor, e.g. scale:{sel}=0.5")
-        return Change(t, verb, SELECTORS[sel], checked_pattern(text, pattern or None), factor)
+        pattern, region = _scope(text, pattern)
+        if region and not set(SELECTORS[sel]) <= set(SELECTORS["host"]):
+            raise XpuprofError(f"change {text!r}: @REGION scopes host events (op, runtime, "
+                               f"step, host), not {sel}")  # fmt: skip
+        return Change(t, verb, SELECTORS[sel], pattern, factor, options=region)
     if verb == "host-gaps":
         if not factor_text:
             raise XpuprofError(f"change {text!r}: say the factor, e.g. host-gaps=0.5")
@@ -137,6 +144,9 @@ def parse(text: str) -> Change:
         if factor_text:
             raise XpuprofError(f"change {text!r}: {verb} takes no factor")
         default = INPUT_PATTERN if verb == "no-input-wait" else None
+        if verb == "no-sync":
+            pattern, region = _scope(text, arg)
+            return Change(t, verb, pattern=pattern, options=region)
         return Change(t, verb, pattern=checked_pattern(text, arg or None) or default)
     raise XpuprofError(f"change {text!r}: unknown change {verb!r}; changes: scale:SELECTOR="
                        "FACTOR, host-gaps=FACTOR, no-sync[:REGEX], cuda-graphs[:REGEX], "
@@ -177,6 +187,18 @@ def _settings(text: str, arg: str) -> dict[str, object]:
         raise XpuprofError(f"change {text!r}: say what changes, e.g. "
                            "collective:algorithm=tree,protocol=simple")  # fmt: skip
     return out
+
+
+def _scope(text: str, arg: str) -> tuple[str | None, tuple[tuple[str, Any], ...]]:
+    """``REGEX@REGION`` → (the pattern, the ``region`` option): only the events nested inside
+    host events whose names match REGION (the last ``@`` splits)."""
+    pattern, at, region = arg.rpartition("@")
+    if not at:
+        pattern, region = arg, ""
+    if at and not region.strip():
+        raise XpuprofError(f"change {text!r}: say the region after @, e.g. no-sync@copy_batch")
+    options = (("region", checked_pattern(text, region.strip())),) if region.strip() else ()
+    return checked_pattern(text, pattern or None), options
 
 
 def checked_pattern(text: str, pattern: str | None) -> str | None:
@@ -287,7 +309,7 @@ class _Names:
     on first use (a change on kernels reads the kernels only; one scan each, no join)."""
 
     def __init__(self, trace: Trace, g: ReplayGraph) -> None:
-        self.trace, self.parts = trace, ", ".join(map(str, g.parts)) or "null"
+        self.trace, self.graph, self.parts = trace, g, ", ".join(map(str, g.parts)) or "null"
         self.cache: dict[tuple[str, ...], pd.DataFrame] = {}
 
     def frame(self, levels: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -318,10 +340,22 @@ def select(c: Change, names: _Names) -> np.ndarray:
     events = names.frame(c.levels)
     mask = np.ones(len(events), bool)
     if c.pattern:
-        codes, names = pd.factorize(events["name"].astype(str))
+        codes, uniq = pd.factorize(events["name"].astype(str))
         rx = re.compile(c.pattern)
-        hit = np.fromiter((rx.search(x) is not None for x in names), bool, len(names))
+        hit = np.fromiter((rx.search(x) is not None for x in uniq), bool, len(uniq))
         mask &= hit[codes]
+    region = c.option("region")
+    if region and mask.any():
+        try:
+            spans = select(Change(c.text, "scale", (), region), names)
+        except XpuprofError as e:
+            raise XpuprofError(str(e).replace(" selects no replayed event",
+                                              f": its region {region!r} matches no replayed "
+                                              "event", 1)) from None  # fmt: skip
+        mask &= member(events["id"].to_numpy(), np.union1d(spans, inside(names.graph, spans)))
+        if not mask.any():
+            raise XpuprofError(f"change {c.text!r} selects no replayed event inside the host "
+                               f"events matching {region!r}")  # fmt: skip
     if not mask.any():
         have = events["name"]
         from xpuprof.core.text import short_name
@@ -355,8 +389,9 @@ def _apply(c: Change, g: ReplayGraph, events: _Names, delay: np.ndarray,
         return f"{c.text}: {int(pick.sum()):,} stretches of host time outside ops scaled"
     if c.verb == "no-sync":
         pick = e.kind == SYNC
-        if c.pattern:
-            ids = select(Change(c.text, "scale", ("runtime",), c.pattern), events)
+        if c.pattern or c.options:
+            ids = select(Change(c.text, "scale", ("runtime",), c.pattern, options=c.options),
+                         events)  # fmt: skip
             pick &= member(g.nodes.event[e.dst], ids)
         if not pick.any():
             raise XpuprofError(f"change {c.text!r}: no host call waits for the device in the "
