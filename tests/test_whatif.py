@@ -291,3 +291,20 @@ def test_a_region_scopes_no_sync_and_scale_to_the_calls_inside_it(tmp_path):
         assert one.notes[1].endswith(": 1 events, 1 edges scaled")
         with pytest.raises(XpuprofError, match=r"its region '\^nothing' matches no replayed event"):
             whatif(t, ["no-sync:^cudaMemcpyAsync$@^nothing"])
+
+
+def test_without_steps_the_span_is_compared(tmp_path):
+    """No profiler step: each rank's span is compared. Two 10 µs kernels back to back on one
+    stream [5, 25) after a launch [0, 1) and [1, 2); a host op "tail" [2, 30). Kernels ×2:
+    they end at 45, the span 0–45 (from 0–30: the host's tail ended it before)."""
+    tb = TraceBuilder(rank=0)
+    tb.launch("k0", 5, 10, launch_ts=0, launch_dur=1)
+    tb.launch("k1", 15, 10, launch_ts=1, launch_dur=1)
+    tb.op("tail", 2, 28)
+    with tb.load(tmp_path) as t:
+        w = whatif(t, ["scale:kernel=2"])
+        s = w.summary.iloc[0]
+        assert (s.steps, s.baseline_ns / US, s.predicted_ns / US) == (0, 30, 45)
+        assert w.result().facts["headline"].startswith("scale:kernel=2: span (no profiler")
+        with pytest.raises(XpuprofError, match="the trace has no collective events"):
+            whatif(t, ["collective:algorithm=tree"])

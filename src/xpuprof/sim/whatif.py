@@ -232,7 +232,8 @@ class WhatIf:
             facts.update(baseline_ns=base, predicted_ns=pred,
                          speedup=round(base / pred, 4) if pred > 0 else None)  # fmt: skip
             what = "; ".join(c.text for c in self.changes) or "no change"
-            facts["headline"] = (f"{what}: step {base / 1e6:.3f} ms → {pred / 1e6:.3f} ms "
+            unit = "step" if (s["steps"] > 0).any() else "span (no profiler steps)"
+            facts["headline"] = (f"{what}: {unit} {base / 1e6:.3f} ms → {pred / 1e6:.3f} ms "
                                  f"predicted ({_pct(pred, base):+.1f} %, ×{base / pred:.2f})"
                                  if pred > 0 else f"{what}: the step takes no time")  # fmt: skip
         ns = (("baseline_ns", "ns"), ("predicted_ns", "ns"), ("baseline_with_device_ns", "ns"),
@@ -241,7 +242,8 @@ class WhatIf:
             tables={"summary": s, "steps": self.steps, "critical_path": self.critical_path},
             notes=list(self.notes), facts=facts,  # type: ignore[arg-type]
             present={
-                "summary": Presentation(title="baseline vs predicted, per rank (mean step)",
+                "summary": Presentation(title="baseline vs predicted, per rank (mean step; "
+                                        "without steps, the span)",
                                         all_rows=True, units=ns),
                 "steps": Presentation(title="baseline vs predicted, per step", units=ns),
                 "critical_path": Presentation(
@@ -276,6 +278,8 @@ def whatif(
         if c.verb in transforms.REGISTRY:
             notes.append(transforms.module(c.verb).apply(c, ctx))
         elif c.verb in ("device", "collective"):
+            if c.verb == "collective":  # an error naming what exists when there are none
+                select(Change(c.text, "scale", ("collective",)), events)  # type: ignore[arg-type]
             notes.append(_priced(c, trace, g, delay))
         else:
             notes.append(_apply(c, ctx.graph, events, delay, keep, ctx.cpus))  # type: ignore[arg-type]
@@ -284,7 +288,7 @@ def whatif(
     off = g.nodes.time - g.aligned
     time = sched.time + off
     steps_t = _steps(base, time)
-    summary = _summary(base, steps_t)
+    summary = _summary(base, steps_t) if len(steps_t) else _span_summary(base, time)
     cp = critical_paths(g, base, base.schedule or run(g), sched, keep, after_graph=changed)
     if not parsed:
         notes.append("no change given: the prediction is the baseline (the identity replay)")
@@ -626,6 +630,27 @@ def _summary(base: Replay, steps: pd.DataFrame) -> pd.DataFrame:
         out[c] = out[c].round().astype("int64")
     out["rank"] = out["rank"].astype("Int64")
     return out[SUMMARY_COLUMNS]
+
+
+def _span_summary(base: Replay, time: np.ndarray) -> pd.DataFrame:
+    """Without steps: each rank's span (its first point to its last, device work included),
+    in the identity replay and with the changes (``steps`` 0 says so)."""
+    g = base.graph
+    part = g.nodes.part
+    rows = []
+    for p in g.parts:
+        mine = part == p
+        if not mine.any():
+            continue
+        b = int(base.time[mine].max() - base.time[mine].min())
+        c = int(time[mine].max() - time[mine].min())
+        rows.append({"rank": g.ranks.get(p), "part": p, "steps": 0, "baseline_ns": b,
+                     "predicted_ns": c, "speedup": round(b / c, 4) if c > 0 else None,
+                     "baseline_with_device_ns": b, "predicted_with_device_ns": c,
+                     "speedup_with_device": round(b / c, 4) if c > 0 else None})  # fmt: skip
+    out = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    out["rank"] = out["rank"].astype("Int64")
+    return out
 
 
 def _pct(a: pd.Series | float, b: pd.Series | float) -> pd.Series | float:
