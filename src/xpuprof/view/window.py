@@ -368,56 +368,9 @@ def window(trace: Trace, ts0: Any, ts1: Any, width_px: Any, tracks: Iterable[Any
     tv = open_tiers(trace)
     if not sim:
         return answer(tv, ts0, ts1, width, select(tv, tracks), BUDGET, start)
-    from xpuprof.view.simulated import sim_tiers
+    from xpuprof.view.simulated import both, sim_tiers
 
-    st = sim_tiers(trace)
-    n = tv.n_tracks
-    if tracks is None:
-        mine, theirs = select(tv, None), select(st, None)
-    else:
-        if isinstance(tracks, (str, bytes)) or not isinstance(tracks, Iterable):
-            raise ViewError(f"tracks must be a list of track numbers, not {tracks!r}")
-        ids = np.array([integer("track", t) for t in tracks], np.int64)
-        bad = ids[(ids < 0) | (ids >= n + st.n_tracks)]
-        if len(bad):
-            raise NotFound(f"no track {int(bad[0])} in this trace with its simulated tracks "
-                           f"(tracks are 0..{n + st.n_tracks - 1})")  # fmt: skip
-        mine, theirs = np.unique(ids[ids < n]), np.unique(ids[ids >= n] - n)
-    budget = BUDGET // 2 if len(mine) and len(theirs) else BUDGET
-    docs = [answer(tiers, ts0, ts1, width, sel, budget, start)
-            for tiers, sel in ((tv, mine), (st, theirs)) if len(sel)]  # fmt: skip
-    if not docs:  # no track asked for
-        return answer(tv, ts0, ts1, width, mine, BUDGET, start)
-    if len(docs) == 1 and len(mine):
-        return docs[0]
-    if len(docs) == 1:
-        return _shifted(docs[0], n)
-    return _merged(docs[0], _shifted(docs[1], n), start)
-
-
-def _shifted(doc: dict[str, Any], n: int) -> dict[str, Any]:
-    """A simulated window's answer with its track numbers moved after the ``n`` measured."""
-    moved = (("events", ("track",)), ("summaries", ("track",)), ("counters", ("track",)),
-             ("flows", ("src_track", "dst_track")))  # fmt: skip
-    for block, keys in moved:
-        for k in keys:
-            doc[block][k] = [t + n for t in doc[block][k]]
-    doc["tier"] = "simulated: " + doc["tier"]
-    return doc
-
-
-def _merged(a: dict[str, Any], b: dict[str, Any], start: float) -> dict[str, Any]:
-    """The measured and the simulated answers of one window as one."""
-    out = dict(a)
-    for block in ("events", "summaries", "counters", "flows"):
-        out[block] = {k: a[block][k] + b[block].get(k, []) for k in a[block]}
-    out["flows_total"] = a["flows_total"] + b["flows_total"]
-    out["flows_cut"] = a["flows_cut"] or b["flows_cut"]
-    out["items"] = a["items"] + b["items"]
-    out["summary_px"] = max(a["summary_px"], b["summary_px"])
-    out["tier"] = f"{a['tier']}; {b['tier']}"
-    out["elapsed_ms"] = round((time.perf_counter() - start) * 1000, 3)
-    return out
+    return both(tv, sim_tiers(trace), ts0, ts1, width, tracks, start)
 
 
 def answer(tv: Tiers, ts0: int, ts1: int, width: int, sel: np.ndarray, budget: int,
