@@ -483,6 +483,10 @@ def test_store_list(server, browser):  # noqa: F811
         assert link.text_content() == EVIL
 
 
+#: The change the what-if page is opened with (it answers once given one).
+WHATIF_CHANGE = "host-gaps=0.5"
+
+
 def test_every_page_shows_the_tools_numbers(server, web_root, traces, browser, artifacts):  # noqa: F811
     """Every page of the DLRM store (the shipped trace without the shared ones) opens without an
     error; every table cell it shows is the tool's --json value, and its text reads back to
@@ -496,6 +500,8 @@ def test_every_page_shows_the_tools_numbers(server, web_root, traces, browser, a
         for p in pages:
             hash_ = p["name"] + ("?with=alexnet" if p["name"] == "diff" and "alexnet" in
                                  web_root["stores"] else "")  # fmt: skip
+            if p["renderer"] == "whatif":  # the what-if page answers once given a change
+                hash_ += "?change=" + quote(WHATIF_CHANGE, safe="")
             w.page.goto(page_url(server, main, hash_))
             assert wait_ready(w.page) == "1", (p["name"], w.page.text_content("#xp-main"))
             if p["renderer"] != "viewer":
@@ -518,7 +524,9 @@ def test_every_page_shows_the_tools_numbers(server, web_root, traces, browser, a
                     continue
                 doc = tools.document("diff", traces(main), traces("alexnet"))
             else:
-                doc = expected_docs.get(p["tool"]) or tools.document(p["tool"], traces(main))
+                opts = {"change": [WHATIF_CHANGE]} if p["renderer"] == "whatif" else {}
+                doc = expected_docs.get(p["tool"]) or tools.document(p["tool"], traces(main),
+                                                                     **opts)  # fmt: skip
             if "tables" not in doc:  # info's --json predates Result: its tables are run()'s
                 doc = tools.run(p["tool"], traces(main)).to_dict()
             doc = json.loads(json.dumps(doc))

@@ -422,14 +422,61 @@ def whatif(
     return run_whatif(trace, texts, ranks=ranks, steps=steps).result()
 
 
+#: The changes the what-if page offers whatever the store (``whatif_picks``): (change, what
+#: it stands for, the levels the store must have for it to select anything; () = any).
+COMMON_CHANGES = (
+    ("host-gaps=0.5", "half the host time outside ops (Python, dispatch)", ()),
+    ("scale:kernel=0.5", "kernels twice as fast", ("kernel",)),
+    ("scale:op=0.5", "ops' own CPU time halved", ("op",)),
+    ("no-sync", "no host call waits for the device", ("runtime",)),
+    ("cuda-graphs", "no host cost to launch (CUDA graphs)", ("runtime",)),
+    ("dataloader-workers=2", "the input pipeline in 2 worker processes", ()),
+    ("no-input-wait", "no time spent waiting for input", ()),
+)  # fmt: skip
+
+
+def whatif_picks(trace: Trace) -> dict[str, Any]:
+    """The common changes that can select something in this store (:data:`COMMON_CHANGES`),
+    judged from the manifest's event counts per level and, for the input pipeline's, one
+    query for an input span's name (``sim.whatif.INPUT_PATTERN``) — cheap tests, not a replay:
+    a change offered may still find nothing to change (``no-sync`` without a sync), and says
+    so when tried. ``{"common": [{"change", "help"}], "levels": {level: events}}``."""
+    from xpuprof.sim.whatif import INPUT_PATTERN
+
+    levels = {str(k): int(v) for k, v in (trace.manifest.get("levels") or {}).items() if v}
+    device = any(levels.get(x) for x in ("kernel", "memcpy", "memset", "collective"))
+    has_input = False
+    if levels:
+        pattern = INPUT_PATTERN.replace("(?i)", "")
+        found = trace.sql("select 1 from events where level in ('op', 'annotation', "
+                          "'runtime', 'other') and regexp_matches(lower(name), "
+                          f"'{pattern}') limit 1")  # fmt: skip
+        has_input = len(found) > 0
+    out = []
+    for change, text, need in COMMON_CHANGES:
+        if need and not all(levels.get(x) for x in need):
+            continue
+        if change.startswith(("no-sync", "cuda-graphs")) and not device:
+            continue
+        if change.startswith(("dataloader-workers", "no-input-wait")) and not has_input:
+            continue
+        out.append({"change": change, "help": text})
+    return {"common": out, "levels": levels}
+
+
 # ------------------------------------------------------------------------------ the viewer
 # The trace viewer's questions (docs/view.md): thin names for :mod:`xpuprof.view`, so the web UI
 # asks this module, as it does for every tool, and imports nothing that computes.
 
 
-def viewer_tracks(trace: Trace, sim: bool = False) -> dict[str, Any]:
+def viewer_tracks(trace: Trace, sim: bool = False, whatif: str | None = None) -> dict[str, Any]:
     """The viewer's tracks (rank, process, thread, stream, counter) and the trace's time span;
-    with ``sim``, each replayed thread and stream followed by its simulated twin."""
+    with ``sim``, each replayed thread and stream followed by its simulated twin; with
+    ``whatif`` (changes, as ``whatif`` takes them), by the what-if's simulated twin."""
+    if whatif:
+        from xpuprof.view.simulated import whatif_tracks
+
+        return whatif_tracks(trace, whatif)
     from xpuprof.view import tracks
 
     return tracks(trace, sim=sim)
@@ -437,18 +484,27 @@ def viewer_tracks(trace: Trace, sim: bool = False) -> dict[str, Any]:
 
 def viewer_window(
     trace: Trace, ts0: int, ts1: int, width_px: int, tracks: list[int] | None = None,
-    sim: bool = False,
+    sim: bool = False, whatif: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Events and per-pixel summaries of a time window at a width in pixels (with ``sim``,
-    on the simulated tracks too)."""
+    on the simulated tracks too; with ``whatif``, on the what-if's)."""
+    if whatif:
+        from xpuprof.view.simulated import whatif_window
+
+        return whatif_window(trace, ts0, ts1, width_px, tracks, whatif)
     from xpuprof.view import window
 
     return window(trace, ts0, ts1, width_px, tracks, sim=sim)
 
 
-def viewer_event(trace: Trace, event_id: int, sim: bool = False) -> dict[str, Any]:
+def viewer_event(trace: Trace, event_id: int, sim: bool = False,
+                 whatif: str | None = None) -> dict[str, Any]:  # fmt: skip
     """One event with its args, its ancestry across levels and its flows (with ``sim``, its
-    simulated start, duration and track too)."""
+    simulated start, duration and track too; with ``whatif``, the what-if's)."""
+    if whatif:
+        from xpuprof.view.simulated import whatif_event
+
+        return whatif_event(trace, event_id, whatif)
     from xpuprof.view import event
 
     return event(trace, event_id, sim=sim)

@@ -28,6 +28,8 @@ MAX_MATCHES = 1000
 MAX_WIDTH = 16384
 #: Query parameters that are never a tool's option.
 RESERVED = ("token",)
+#: The longest what-if change text the viewer takes (``whatif=``: several changes).
+MAX_CHANGES = 1000
 
 
 def _tool(name: str, inputs: int = 1) -> tools.Tool:
@@ -70,7 +72,10 @@ def tool_options(tool: tools.Tool, query: Any, skip: tuple[str, ...] = ()) -> di
                              f"{', '.join(known) or 'none'}")  # fmt: skip
         if len(text) > MAX_QUERY:
             raise BadRequest(f"{key}: longer than {MAX_QUERY} characters")
-        out[key] = _typed(known[key], text)
+        if getattr(known[key].type, "__origin__", None) is list:  # repeated: one value each
+            out[key] = (*out.get(key, ()), text)
+        else:
+            out[key] = _typed(known[key], text)
     return out
 
 
@@ -99,6 +104,15 @@ def _flag(query: Any, name: str) -> bool:
     if text in ("", "0", "false", "no", "off"):
         return False
     raise BadRequest(f"{name}: not true or false: {text[:40]!r}")
+
+
+def _whatif(query: Any) -> str | None:
+    """The viewer's ``whatif``: the changes whose simulated tracks to show (None: the
+    identity replay's, or none)."""
+    text = (query.get("whatif") or "").strip()
+    if len(text) > MAX_CHANGES:
+        raise BadRequest(f"whatif: longer than {MAX_CHANGES} characters")
+    return text or None
 
 
 def _int_list(text: str | None, name: str) -> list[int] | None:
@@ -150,7 +164,7 @@ def register(app: FastAPI, web: Web) -> None:
 
 
 def _tool_routes(app: FastAPI, web: Web) -> None:
-    """The store list, the page registry, a tool's answer, the diff."""
+    """The store list, the page registry, a tool's answer, the diff, the what-if's picks."""
 
     @app.get("/api/stores")
     async def stores_api() -> Response:
@@ -184,20 +198,25 @@ def _tool_routes(app: FastAPI, web: Web) -> None:
 
         return await web.work(request, [a, b], "tools", key, run)
 
+    @app.get("/api/s/{store}/whatif/picks")
+    async def whatif_picks_api(request: Request, store: str) -> Response:
+        return await web.work(request, [store], "tools", ("whatif-picks",),
+                              lambda s, tr: tools.whatif_picks(tr[0]))  # fmt: skip
+
 
 def _view_routes(app: FastAPI, web: Web) -> None:
     """The trace viewer's questions: tracks, window, event, search, overlays."""
 
     @app.get("/api/s/{store}/view/tracks")
     async def tracks_api(request: Request, store: str) -> Response:
-        sim = _flag(request.query_params, "sim")
+        sim, whatif = _flag(request.query_params, "sim"), _whatif(request.query_params)
 
         def run(s: list[OpenStore], tr: list[Any]) -> dict[str, Any]:
-            doc = timebase.tracks(tools.viewer_tracks(tr[0], sim=sim))
+            doc = timebase.tracks(tools.viewer_tracks(tr[0], sim=sim, whatif=whatif))
             s[0].values["origin"] = doc["origin"]
             return doc
 
-        return await web.work(request, [store], "view", ("tracks", sim), run)
+        return await web.work(request, [store], "view", ("tracks", sim, whatif), run)
 
     @app.get("/api/s/{store}/view/window")
     async def window_api(request: Request, store: str) -> Response:
@@ -205,13 +224,14 @@ def _view_routes(app: FastAPI, web: Web) -> None:
         ts0, ts1 = _int(q, "ts0"), _int(q, "ts1")
         width = _int(q, "width", 1, MAX_WIDTH)
         wanted = _int_list(q.get("tracks"), "tracks")
-        sim = _flag(q, "sim")
+        sim, whatif = _flag(q, "sim"), _whatif(q)
         if ts1 <= ts0:
             raise BadRequest(f"ts1 ({ts1}) must be after ts0 ({ts0})")
 
         def run(s: list[OpenStore], tr: list[Any]) -> dict[str, Any]:
             origin = _origin(s[0], tr[0])
-            doc = tools.viewer_window(tr[0], ts0 + origin, ts1 + origin, width, wanted, sim=sim)
+            doc = tools.viewer_window(tr[0], ts0 + origin, ts1 + origin, width, wanted, sim=sim,
+                                      whatif=whatif)  # fmt: skip
             return timebase.window(doc, origin)
 
         return await web.work(request, [store], "view", None, run)
@@ -222,12 +242,13 @@ def _view_routes(app: FastAPI, web: Web) -> None:
             eid = int(event_id)
         except ValueError:
             raise BadRequest(f"not an event id: {event_id[:40]!r}") from None
-        sim = _flag(request.query_params, "sim")
+        sim, whatif = _flag(request.query_params, "sim"), _whatif(request.query_params)
 
         def run(s: list[OpenStore], tr: list[Any]) -> dict[str, Any]:
-            return timebase.event(tools.viewer_event(tr[0], eid, sim=sim), _origin(s[0], tr[0]))
+            doc = tools.viewer_event(tr[0], eid, sim=sim, whatif=whatif)
+            return timebase.event(doc, _origin(s[0], tr[0]))
 
-        return await web.work(request, [store], "view", ("event", eid, sim), run)
+        return await web.work(request, [store], "view", ("event", eid, sim, whatif), run)
 
     @app.get("/api/s/{store}/view/search")
     async def search_api(request: Request, store: str) -> Response:

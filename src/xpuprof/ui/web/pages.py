@@ -6,7 +6,8 @@ the generic page (its tables and charts) without any entry.
 
 Renderers (``static/app.js``): ``tool`` (the generic page: headline, charts, every table
 sortable and filterable, notes), ``overview``, ``viewer``, ``hierarchy``, ``critical_path``,
-``replay``, ``diff`` and ``multirank``. A renderer the browser does not know draws as ``tool``.
+``replay``, ``whatif``, ``diff`` and ``multirank``. A renderer the browser does not know draws
+as ``tool``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ PAGES: tuple[Page, ...] = (
     Page("replay", "Replay", "replay", renderer="replay",
          help="The trace replayed on its dependency graph: simulated vs measured step time, "
               "edges per kind, what could not be modelled, the largest deviations."),
+    Page("whatif", "What-if", "whatif", renderer="whatif",
+         help="Predict what a change is worth: the trace replayed with it — the step time, "
+              "the critical path's shift between kinds of work, and the changed timeline."),
     Page("diff", "Diff", "diff", renderer="diff",
          help="This store against another store of the directory."),
     Page("multirank", "Multi-rank", "overview", renderer="multirank",

@@ -29,11 +29,13 @@
     return e;
   }
 
-  /** GET JSON from the API; an Error with the server's message (and .status) otherwise. */
+  /** GET JSON from the API (a list value: the parameter repeated); an Error with the
+   * server's message (and .status) otherwise. */
   async function api(path, params, signal) {
     const url = new URL(path, location.origin);
     for (const [k, v] of Object.entries(params || {})) {
-      if (v !== undefined && v !== null && v !== '') url.searchParams.set(k, String(v));
+      if (Array.isArray(v)) v.forEach(x => url.searchParams.append(k, String(x)));
+      else if (v !== undefined && v !== null && v !== '') url.searchParams.set(k, String(v));
     }
     const r = await fetch(url, {signal, credentials: 'same-origin',
                                 headers: {Accept: 'application/json'}});
@@ -527,6 +529,198 @@
     done(ctx);
   }
 
+
+  // ------------------------------------------------------------------------ the what-if
+
+  /** Colours of the critical path's categories (``sim/paths.py``), fixed across pages. */
+  const CP_CATEGORY_COLORS = {host: '#8c6bb1', launch: '#ff7f0e', 'device compute': '#1f77b4',
+                              communication: '#2ca02c', waiting: '#d62728', 'late start': '#bcbd22'};
+  const CP_OTHER_COLORS = ['#17becf', '#8c564b', '#e377c2', '#7f7f7f'];
+
+  /** The critical path before and after the changes: a bar each (per rank, when there are
+   * several), stacked by category, so the shift between kinds of work shows as the bars'
+   * make-up; from the tool's ``critical_path`` table as it is (ns drawn in ms). Categories at
+   * 0 before and after on every rank are left out (the subtitle names them). */
+  function criticalPathFigure(tv) {
+    const col = name => tv.columns.findIndex(c => c.name === name);
+    const [r, c, b, p, d] = ['rank', 'category', 'baseline_ns', 'predicted_ns', 'shift_ns'].map(col);
+    if (c < 0 || b < 0 || p < 0) return null;
+    const val = (i, j) => (j < 0 ? null : JSON.parse(tv.raw[i][j]));
+    const rows = [...Array(tv.rows).keys()];
+    const categories = [...new Set(rows.map(i => val(i, c)))];
+    const used = categories.filter(k => rows.some(i => val(i, c) === k && (val(i, b) || val(i, p))));
+    if (!used.length) return null;
+    const ranks = [...new Set(rows.map(i => val(i, r)))];
+    const bars = ranks.flatMap(k => ['baseline', 'predicted'].map(w => (ranks.length > 1 ? `rank ${k} · ${w}` : w)));
+    const data = used.map((cat, n) => {
+      const x = [], shift = [];
+      for (const k of ranks) {
+        const i = rows.find(j => val(j, r) === k && val(j, c) === cat);
+        const v = i === undefined ? [0, 0, 0] : [val(i, b), val(i, p), d < 0 ? 0 : val(i, d)];
+        x.push(v[0] / 1e6, v[1] / 1e6);
+        const sh = `shift ${v[2] > 0 ? '+' : ''}${fmtNs(v[2])}`;
+        shift.push(sh, sh);
+      }
+      return {type: 'bar', orientation: 'h', name: cat, x, y: bars, customdata: shift,
+              marker: {color: CP_CATEGORY_COLORS[cat] || CP_OTHER_COLORS[n % CP_OTHER_COLORS.length]},
+              hovertemplate: `${cat}: %{x:.3f} ms<br>%{customdata}<extra>%{y}</extra>`};
+    });
+    const left = categories.filter(k => !used.includes(k));
+    return {
+      id: 'whatif-critical-path',
+      data,
+      layout: {
+        title: {text: 'critical path by category, before and after' +
+                (left.length ? `<br><sub>at 0 before and after: ${left.join(', ')}</sub>` : '')},
+        barmode: 'stack', height: 170 + 34 * bars.length,
+        xaxis: {title: {text: 'time on the critical path (ms)'}, rangemode: 'tozero'},
+        yaxis: {automargin: true, autorange: 'reversed'}, showlegend: true, legend: {traceorder: 'normal'},
+        margin: {t: 70, r: 20, b: 50, l: 20},
+      },
+    };
+  }
+  /** What the what-if page offers to try: the common changes that can select something in
+   * this store, then the advisor's changes with their predicted gain (loaded after). */
+  function whatifPicks(ctx, add) {
+    const box = el('section', {class: 'xp-picks', id: 'xp-whatif-picks'});
+    const common = el('div', {class: 'xp-pick-row', id: 'xp-whatif-common'},
+                      el('span', {class: 'xp-dim', text: 'common changes: loading…'}));
+    const advisor = el('div', {class: 'xp-pick-row', id: 'xp-whatif-advisor'});
+    box.append(common, advisor);
+    const pick = (change, title, extra, source) => el('button', {
+      type: 'button', class: 'xp-pick', title, data: {change, source},
+      onclick: () => add(change)}, change, extra ? el('span', {class: 'xp-pick-gain', text: extra}) : '');
+    api(storeApi('whatif/picks'), null, ctx.abort.signal).then(doc => {
+      common.replaceChildren(el('span', {class: 'xp-dim', text: 'common changes:'}),
+                             ...doc.common.map(p => pick(p.change, p.help, null, 'common')));
+      common.dataset.ready = '1';
+    }).catch(e => {
+      if (e.name !== 'AbortError') common.replaceChildren(el('span', {class: 'xp-error', text: e.message}));
+    });
+    return {box, loadAdvisor() {
+      advisor.replaceChildren(el('span', {class: 'xp-dim', text: "the advisor's changes: replaying each recommendation…"}));
+      const own = toolParams(ctx);
+      const params = {predict: true};
+      if (own.ranks) params.ranks = own.ranks;
+      if (own.steps) params.steps = own.steps;
+      return api(storeApi('tools/overview'), params, ctx.abort.signal).then(data => {
+        const tv = viewTable(data, 'recommendations');
+        const j = name => (tv ? tv.columns.findIndex(c => c.name === name) : -1);
+        const val = (i, name) => (j(name) < 0 ? null : JSON.parse(tv.raw[i][j(name)]));
+        const seen = new Set();
+        const picks = [];
+        for (let i = 0; tv && i < tv.rows; i++) {
+          const change = val(i, 'change');
+          if (!change || seen.has(change)) continue;
+          seen.add(change);
+          const gain = val(i, 'predicted_gain_pct');
+          picks.push(pick(change, `${val(i, 'rule')}: ${val(i, 'recommendation')}`,
+                          gain === null ? null : `${(-gain).toFixed(1)} %`, 'advisor'));
+        }
+        advisor.replaceChildren(el('span', {class: 'xp-dim', text: "the advisor's changes (predicted change of the step):"}),
+                                ...(picks.length ? picks : [el('span', {class: 'xp-dim',
+                                  text: 'none (no recommendation that a change expresses)'})]));
+        advisor.dataset.ready = '1';
+      }).catch(e => {
+        if (e.name === 'AbortError') return;
+        advisor.replaceChildren(el('span', {class: 'xp-error', text: `the advisor's changes: ${e.message}`}));
+        advisor.dataset.ready = 'error';
+      });
+    }};
+  }
+
+  /** The what-if: changes to choose (a field each, added and removed; quick picks), then
+   * the tool's answer — the headline, per rank and per step, the critical path's shift as a
+   * chart and a table, the notes — and a link to the viewer with the changed timeline. */
+  async function whatifPage(ctx) {
+    const {page, params} = ctx;
+    const changes = params.getAll('change').map(c => c.trim()).filter(Boolean);
+    const head = el('div', {class: 'xp-page-head'}, el('h1', {text: page.title}));
+    if (page.help) head.append(el('p', {class: 'xp-help', text: page.help}));
+    const fields = el('div', {class: 'xp-changes', id: 'xp-whatif-changes'});
+    const changeHelp = (page.controls.find(c => c.name === 'change') || {}).help || '';
+    function field(value) {
+      const input = el('input', {type: 'text', name: 'change', class: 'xp-change', size: 44,
+                                 value: value || '', placeholder: 'e.g. host-gaps=0.5',
+                                 title: changeHelp, 'aria-label': 'a change', autocomplete: 'off'});
+      const row = el('div', {class: 'xp-change-row'}, input,
+        el('button', {type: 'button', class: 'xp-remove', title: 'remove this change', text: '×',
+                      onclick: () => { row.remove(); if (!fields.children.length) fields.append(field('')); }}));
+      return row;
+    }
+    for (const c of changes.length ? changes : ['']) fields.append(field(c));
+    const add = change => {
+      const empty = [...fields.querySelectorAll('input.xp-change')].find(i => !i.value.trim());
+      if (empty) empty.value = change; else fields.append(field(change));
+    };
+    const others = page.controls.filter(c => c.name !== 'change');
+    const form = el('form', {class: 'xp-whatif-form', id: 'xp-whatif-form'},
+      el('label', {class: 'xp-changes-label', text: 'changes (applied together)'}), fields,
+      el('div', {class: 'xp-controls'},
+        el('button', {type: 'button', id: 'xp-whatif-add', text: '+ add a change', onclick: () => {
+          fields.append(field('')); fields.lastChild.querySelector('input').focus(); }}),
+        others.map(c => el('label', {title: c.help}, `${c.name} `,
+          el('input', {type: 'text', name: c.name, size: 8, value: params.get(c.name) || '',
+                       placeholder: c.default === null ? '' : String(c.default)}))),
+        el('button', {type: 'submit', class: 'xp-button', id: 'xp-whatif-run', text: 'predict'})));
+    form.addEventListener('submit', e => {
+      e.preventDefault();
+      const p = new URLSearchParams();
+      for (const i of form.querySelectorAll('input.xp-change')) if (i.value.trim()) p.append('change', i.value.trim());
+      for (const c of others) { const v = form.elements[c.name].value.trim(); if (v) p.set(c.name, v); }
+      if (p.toString() === params.toString()) route(); else setHash(page.name, p);
+    });
+    const picks = whatifPicks(ctx, add);
+    head.append(form, picks.box);
+    ctx.main.append(head);
+    if (!changes.length) {
+      ctx.main.append(el('p', {class: 'xp-note', id: 'xp-whatif-hint', text: 'Choose a change (type ' +
+        'it, or pick one above) and press predict: the trace is replayed with it and compared ' +
+        'with its replay as measured (docs/whatif.md).'}));
+      picks.loadAdvisor();
+      done(ctx);
+      return;
+    }
+    const wait = loading(ctx, 'Replaying with the changes…');
+    let data;
+    try {
+      data = await fetchTool(ctx, 'whatif', {change: changes});
+    } catch (e) {
+      wait.remove();
+      if (e.name === 'AbortError' || e.status !== 400) throw e;
+      // a change the tool cannot read or apply: its one line, the form kept to fix it
+      ctx.main.append(el('p', {class: 'xp-error', id: 'xp-whatif-error', text: e.message}));
+      picks.loadAdvisor();
+      ctx.main.dataset.ready = 'error';
+      return;
+    }
+    wait.remove();
+    const box = el('div', {class: 'xp-result', id: 'xp-whatif-answer'});
+    // without steps the tool has no step time to compare (its notes say why): the critical
+    // path over each rank's span is the answer
+    box.append(renderHeadline(data) || el('p', {class: 'xp-note', id: 'xp-whatif-nostep', text:
+      'No step time to predict (see the notes): the critical path over each rank\'s span, ' +
+      'before and after the changes, is below.'}));
+    const key = changes.join('; ');
+    box.append(el('p', {}, el('a', {class: 'xp-button', id: 'xp-whatif-show',
+      href: `#/viewer?sim=1&whatif=${encodeURIComponent(key)}`,
+      text: 'show the changed timeline in the viewer'}),
+      el('span', {class: 'xp-dim', text: ' the whole store replayed with the changes, a track beside each measured one'})));
+    const table = name => {
+      const tv = viewTable(data, name);
+      return tv && tv.rows ? renderTable(tv) : null;  // an empty table: the notes say why
+    };
+    box.append(table('summary') || '');
+    const cp = viewTable(data, 'critical_path');
+    const fig = cp && cp.rows ? criticalPathFigure(cp) : null;
+    if (fig) box.append(renderFigures([fig]));
+    box.append(table('critical_path') || '', table('steps') || '');
+    box.append(renderNotes(data.view.notes) || '');
+    ctx.main.append(box);
+    done(ctx);
+    picks.loadAdvisor();
+  }
+
   // ------------------------------------------------------------------ the hierarchy
 
   const HIER_COLUMNS = ['calls', 'kernels', 'device_ns', 'device_exclusive_ns', 'device_pct',
@@ -698,6 +892,7 @@
     multirank: multirankPage,
     critical_path: criticalPathPage,
     replay: replayPage,
+    whatif: whatifPage,
     diff: diffPage,
     hierarchy: hierarchyPage,
     viewer: ctx => window.xpuprofViewerPage(ctx),

@@ -8,7 +8,9 @@
  * With "simulated" on (``sim=1`` in the address) the replay's simulated timeline is drawn
  * too: after each replayed thread and stream, a track "sim: <name>" (tinted) holding the same
  * events at their simulated times; a click on one shows the event with its simulated start,
- * duration and deviation, and both places are outlined.
+ * duration and deviation, and both places are outlined. With ``whatif=CHANGES`` too (the
+ * what-if page's link) those tracks are the what-if's: "what-if: <name>", the events at the
+ * times of the trace replayed with the changes.
  *
  * Keys (canvas focused): W/S zoom in/out, A/D pan, arrows scroll, F fit the selection,
  * 0 the whole trace, Esc clear the selection. Mouse: wheel zooms at the pointer (shift+wheel
@@ -78,7 +80,7 @@
       contentH: 0, view: {ts0: 0, ts1: 1}, scrollY: 0, data: null, index: new Map(),
       selected: null, highlight: new Map(), overlays: null, cp: params.get('cp') === '1',
       findings: params.get('fd') === '1', flows: params.get('flows') !== '0',
-      sim: params.get('sim') === '1',
+      sim: params.get('sim') === '1', whatif: (params.get('whatif') || '').trim(),
       ctrl: null, timer: null, pending: 0, requests: 0, errors: 0, lastQueryMs: null,
       serverMs: null, drawnItems: 0, queries: [], hover: null, w: 0, h: 0,
     };
@@ -98,6 +100,7 @@
       get tracks() { return S.tracks ? S.tracks.tracks.length : 0; },
       get sim() { return S.sim; },
       get simTracks() { return S.tracks ? S.tracks.tracks.filter(t => t.sim).length : 0; },
+      get whatif() { return S.whatif; },
       /** Turn the simulated tracks on or off (what the checkbox does). */
       setSim: on => setSim(on),
       get overlayError() { return S.overlayError || null; },
@@ -128,8 +131,10 @@
       el('label', {title: 'outline the critical path'}, cpBox, ' critical path'),
       el('label', {title: "outline the advisor's findings"}, fdBox, ' findings'),
       el('label', {title: 'arrows from launches to kernels'}, flowBox, ' flows'),
-      el('label', {title: "the replay's simulated timeline: a track beside each replayed thread and stream"},
-         simBox, ' simulated'),
+      el('label', {title: S.whatif ? `the timeline replayed with the changes ${S.whatif}: a track beside each replayed thread and stream`
+                                   : "the replay's simulated timeline: a track beside each replayed thread and stream"},
+         simBox, S.whatif ? ' what-if' : ' simulated'),
+      S.whatif ? el('code', {class: 'xp-whatif-tag', id: 'xp-viewer-whatif', title: 'the changes of the what-if tracks', text: S.whatif}) : '',
       el('button', {type: 'button', id: 'xp-zoom-in', title: 'zoom in (W)', text: '+'}),
       el('button', {type: 'button', id: 'xp-zoom-out', title: 'zoom out (S)', text: '−'}),
       el('button', {type: 'button', id: 'xp-zoom-fit', title: 'the whole trace (0)', text: 'fit'}),
@@ -242,6 +247,12 @@
     }
 
     // ------------------------------------------------------------------- fetch
+    /** What every question asks for the simulated tracks: the replay's, or the what-if's. */
+    function simParams() {
+      if (!S.sim) return null;
+      return S.whatif ? {sim: 1, whatif: S.whatif} : {sim: 1};
+    }
+
     function schedule() {
       if (S.timer !== null) clearTimeout(S.timer);
       S.timer = setTimeout(() => { S.timer = null; fetchWindow(); }, DEBOUNCE);
@@ -256,7 +267,7 @@
       const q = {ts0: Math.floor(S.view.ts0), ts1: Math.ceil(S.view.ts1), width: Math.floor(plotW())};
       if (q.ts1 <= q.ts0) q.ts1 = q.ts0 + 1;
       if (visible.length < all) q.tracks = visible.join(',');
-      if (S.sim) q.sim = 1;
+      Object.assign(q, simParams() || {});
       if (!visible.length) { S.data = null; draw(); return; }
       S.pending++;
       S.requests++;
@@ -570,7 +581,7 @@
       panel.replaceChildren(el('p', {class: 'xp-loading', text: 'Loading the event…'}));
       let e;
       try {
-        e = await api(X.storeApi(`view/event/${encodeURIComponent(id)}`), S.sim ? {sim: 1} : null,
+        e = await api(X.storeApi(`view/event/${encodeURIComponent(id)}`), simParams(),
                       ctx.abort.signal);
       } catch (err) {
         if (err.name === 'AbortError') return;
@@ -752,6 +763,7 @@
         if (S.findings) p.set('fd', '1');
         if (!S.flows) p.set('flows', '0');
         if (S.sim) p.set('sim', '1');
+        if (S.whatif) p.set('whatif', S.whatif);
         history.replaceState(null, '', `#/viewer?${p}`);
       }, 250);
     }
@@ -912,7 +924,7 @@
       S.pending++;
       let doc;
       try {
-        doc = await api(X.storeApi('view/tracks'), S.sim ? {sim: 1} : null, ctx.abort.signal);
+        doc = await api(X.storeApi('view/tracks'), simParams(), ctx.abort.signal);
       } finally {
         S.pending--;
       }
