@@ -543,8 +543,11 @@ def _priced(c: Change, trace: Trace, g: ReplayGraph, delay: np.ndarray) -> str:
     settings = json.loads(c.pattern or "{}")
     renamed = {"world": "world_size", "chunk": "chunk_bytes"}
     kw = {renamed.get(k, k): v for k, v in settings.items()}
-    model = CollectiveCosts.of(trace, relative=True, base=base, **kw)
-    new = np.asarray(model.delays(g), np.int64)
+    try:
+        model = CollectiveCosts.of(trace, relative=True, base=base, **kw)
+        new = np.asarray(model.delays(g), np.int64)
+    except XpuprofError as e:
+        raise XpuprofError(f"change {c.text!r}: {e}") from None
     priced = int((new != delay).sum())
     delay[:] = new
     return f"{c.text}: {priced:,} collective edges repriced (NCCL's model, relative to the trace)"
