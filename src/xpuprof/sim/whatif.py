@@ -40,6 +40,7 @@ import pandas as pd
 
 from xpuprof.core.errors import XpuprofError
 from xpuprof.core.result import Presentation, Result
+from xpuprof.sim.compare import pct, span_summary, steps_table, summary_table
 from xpuprof.sim.graph import (
     COLLECTIVE,
     DEVICE_COMMUNICATION,
@@ -51,7 +52,7 @@ from xpuprof.sim.graph import (
     SYNC,
     ReplayGraph,
 )
-from xpuprof.sim.paths import critical_paths, step_nodes
+from xpuprof.sim.paths import critical_paths
 from xpuprof.sim.replay import Replay, replay, run
 
 if TYPE_CHECKING:
@@ -70,9 +71,6 @@ SELECTORS = {
 INPUT_PATTERN = r"(?i)(?:dataloader|_next_data|load_batch|get_batch|fetch_batch)"
 #: Runtime calls that launch work (what a CUDA graph replaces).
 LAUNCH_PATTERN = r"(?i)(?:launch|memcpyasync|memsetasync)"
-SUMMARY_COLUMNS = ["rank", "part", "steps", "baseline_ns", "predicted_ns", "speedup",
-                   "baseline_with_device_ns", "predicted_with_device_ns",
-                   "speedup_with_device"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -234,7 +232,7 @@ class WhatIf:
             what = "; ".join(c.text for c in self.changes) or "no change"
             unit = "step" if (s["steps"] > 0).any() else "span (no profiler steps)"
             facts["headline"] = (f"{what}: {unit} {base / 1e6:.3f} ms → {pred / 1e6:.3f} ms "
-                                 f"predicted ({_pct(pred, base):+.1f} %, ×{base / pred:.2f})"
+                                 f"predicted ({pct(pred, base):+.1f} %, ×{base / pred:.2f})"
                                  if pred > 0 else f"{what}: the step takes no time")  # fmt: skip
         ns = (("baseline_ns", "ns"), ("predicted_ns", "ns"), ("baseline_with_device_ns", "ns"),
               ("predicted_with_device_ns", "ns"))  # fmt: skip
@@ -287,8 +285,8 @@ def whatif(
     sched = run(changed, delay, keep)
     off = g.nodes.time - g.aligned
     time = sched.time + off
-    steps_t = _steps(base, time)
-    summary = _summary(base, steps_t) if len(steps_t) else _span_summary(base, time)
+    steps_t = steps_table(base, time)
+    summary = summary_table(base, steps_t) if len(steps_t) else span_summary(base, time)
     cp = critical_paths(g, base, base.schedule or run(g), sched, keep, after_graph=changed)
     if not parsed:
         notes.append("no change given: the prediction is the baseline (the identity replay)")
@@ -578,86 +576,6 @@ def inside(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
     np.add.at(inside, stop + 1, -1)
     depth = np.cumsum(inside[:-1])
     return np.unique(n.event[(depth > 0) & host])
-
-
-# -- comparison ----------------------------------------------------------------------------------
-
-
-def _steps(base: Replay, time: np.ndarray) -> pd.DataFrame:
-    """Per step: the baseline (the identity replay) and the prediction."""
-    st = base.steps
-    cols = ["rank", "part", "step", "name", "baseline_ns", "predicted_ns", "change_pct"]
-    if st.empty:
-        return pd.DataFrame(columns=cols)
-    g = base.graph
-    node_of = step_nodes(g, base.step_ids)
-    out = st[["rank", "part", "step", "name"]].copy()
-    out["baseline_ns"] = st["simulated_ns"].to_numpy()
-    s, e = node_of
-    out["predicted_ns"] = time[e] - time[s]
-    out["baseline_with_device_ns"] = st["with_device_simulated_ns"].to_numpy()
-    dev = _device_end(g, base, time, st)
-    out["predicted_with_device_ns"] = np.fmax(time[e], dev) - time[s]
-    out["predicted_with_device_ns"] = out["predicted_with_device_ns"].astype("int64")
-    out["change_pct"] = _pct(out["predicted_ns"], out["baseline_ns"]).round(3)
-    return out
-
-
-def _device_end(g: ReplayGraph, base: Replay, time: np.ndarray, st: pd.DataFrame) -> np.ndarray:
-    """Per step, the latest simulated end of the device work launched in it (-inf: none)."""
-    ev = base.device_steps
-    if ev.empty:
-        return np.full(len(st), -np.inf)
-    per = pd.DataFrame({"part": ev["part"], "step": ev["step"], "t": time[ev["node"]]})
-    last = per.groupby(["part", "step"])["t"].max()
-    keys = pd.MultiIndex.from_arrays([st["part"], st["step"]])
-    return last.reindex(keys).to_numpy(float)
-
-
-def _summary(base: Replay, steps: pd.DataFrame) -> pd.DataFrame:
-    if steps.empty:
-        return pd.DataFrame(columns=SUMMARY_COLUMNS)
-    g = steps.groupby(["part"], sort=True)
-    out = g.agg(
-        rank=("rank", "first"),
-        steps=("step", "size"),
-        baseline_ns=("baseline_ns", "mean"),
-        predicted_ns=("predicted_ns", "mean"),
-        baseline_with_device_ns=("baseline_with_device_ns", "mean"),
-        predicted_with_device_ns=("predicted_with_device_ns", "mean"),
-    ).reset_index()
-    out["speedup"] = (out["baseline_ns"] / out["predicted_ns"]).round(4)
-    out["speedup_with_device"] = (out["baseline_with_device_ns"]
-                                  / out["predicted_with_device_ns"]).round(4)  # fmt: skip
-    for c in ("baseline_ns", "predicted_ns", "baseline_with_device_ns", "predicted_with_device_ns"):
-        out[c] = out[c].round().astype("int64")
-    out["rank"] = out["rank"].astype("Int64")
-    return out[SUMMARY_COLUMNS]
-
-
-def _span_summary(base: Replay, time: np.ndarray) -> pd.DataFrame:
-    """Without steps: each rank's span (its first point to its last, device work included),
-    in the identity replay and with the changes (``steps`` 0 says so)."""
-    g = base.graph
-    part = g.nodes.part
-    rows = []
-    for p in g.parts:
-        mine = part == p
-        if not mine.any():
-            continue
-        b = int(base.time[mine].max() - base.time[mine].min())
-        c = int(time[mine].max() - time[mine].min())
-        rows.append({"rank": g.ranks.get(p), "part": p, "steps": 0, "baseline_ns": b,
-                     "predicted_ns": c, "speedup": round(b / c, 4) if c > 0 else None,
-                     "baseline_with_device_ns": b, "predicted_with_device_ns": c,
-                     "speedup_with_device": round(b / c, 4) if c > 0 else None})  # fmt: skip
-    out = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-    out["rank"] = out["rank"].astype("Int64")
-    return out
-
-
-def _pct(a: pd.Series | float, b: pd.Series | float) -> pd.Series | float:
-    return 100.0 * (a - b) / b
 
 
 # the earlier private names, while the transform modules move to the public ones
