@@ -350,6 +350,9 @@ class Profile:
             # the CPUs the process may run on (what its threads and workers share)
             "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count(),
+            # torch's intra-op thread count (what at::parallel_for and the BLAS use; the
+            # what-if change threads=N scales from it); None when torch is not imported
+            "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
             # the store's rank when torch.distributed is not initialised (torchrun sets RANK)
             "rank": int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None,
         }
