@@ -496,4 +496,3 @@ def _handoffs(points: dict | None) -> tuple[np.ndarray, np.ndarray]:
         src.append(node[j[ok]])
         dst.append(node[mine_c[ok]])
     return np.concatenate(src), np.concatenate(dst)
-

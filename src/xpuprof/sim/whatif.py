@@ -497,21 +497,13 @@ def ends_of(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
     return e[~e.index.duplicated()].reindex(ids).to_numpy()
 
 
-@dataclass(frozen=True)
-class _Fixed:
-    """The delays so far, as the base a cost model prices on top of."""
-
-    values: np.ndarray
-
-    def delays(self, graph: ReplayGraph) -> np.ndarray:
-        return self.values
-
-
 def _priced(c: Change, trace: Trace, g: ReplayGraph, delay: np.ndarray) -> str:
     """``device=KEY``: the roofline model calibrated on the trace, on the new device
     (``sim/costs/roofline.py``); ``collective:…``: each matched collective's transfer time
     × model(changed) / model(as recorded) (``sim/netmodel``). In place on ``delay``."""
-    base = _Fixed(delay.copy())
+    from xpuprof.sim.costs import Given
+
+    base = Given(delay.copy())
     if c.verb == "device":
         from xpuprof.sim.costs import RooflineCosts
         from xpuprof.sim.costs.roofline import NO_OP

@@ -34,6 +34,17 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class Given:
+    """Delays given as they are (one per edge): the delays a what-if has set so far, as the
+    base a cost model prices on top of."""
+
+    values: np.ndarray
+
+    def delays(self, graph: ReplayGraph) -> np.ndarray:
+        return self.values
+
+
+@dataclass(frozen=True)
 class Scaled:
     """Delays of the edges of ``kinds`` (names of :data:`EDGE_KINDS`) multiplied by
     ``factor``, only for edges that are the work of ``events`` (``Edges.event``: an event's
@@ -73,5 +84,5 @@ def resolve(costs: str | CostModel) -> CostModel:
 from xpuprof.sim.costs.roofline import CostModelError, RooflineCosts  # noqa: E402
 from xpuprof.sim.costs.systolic import SystolicArray, SystolicCosts  # noqa: E402
 
-__all__ = ["CostModel", "CostModelError", "Measured", "RooflineCosts", "Scaled",
+__all__ = ["CostModel", "CostModelError", "Given", "Measured", "RooflineCosts", "Scaled",
            "SystolicArray", "SystolicCosts", "resolve"]  # fmt: skip
