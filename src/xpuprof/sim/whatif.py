@@ -22,6 +22,12 @@ shifts between categories of work (host, launch, device compute, communication, 
   span shrinks to max(0, its time / N − the rest of its step);
 - ``device=KEY``: the roofline calibrated on the trace, on another device;
 - ``collective:K=V,…``: NCCL's model of the changed collectives, relative to the trace.
+- ``batch[:REGEX]=FACTOR``, ``threads=N``, ``dtype=bf16``, ``fuse-elementwise[:REGEX]``,
+  ``fuse:REGEX``, ``overlap-collective[:REGEX][@UNTIL]``: the transform modules of
+  ``sim/transforms`` (each module's docstring defines its numbers).
+
+``@REGION`` after a host selector's pattern or ``no-sync``'s keeps only the events nested in
+host events whose names match REGION.
 
 Only what the trace measured is moved: a change prices nothing new (the roofline, systolic
 and collective models do that), so a prediction is as good as the graph's dependencies
