@@ -34,24 +34,26 @@ cancels for a memory-bound chain: t = B_ext · ΣT / ΣB over the class's ops. A
 cost (no rule) inside a ``fuse:`` span on the CPU adds its duration less o to t; on a device
 the span cannot be priced (an error says which ops).
 
-The plan also reports, unpriced, a *compute floor* C = Σ max(0, T_i − o − B_i/W*) over the
-region's ops (W*: the highest, over op names, of the median achieved bandwidth B/T of that
-name's ops): the fused time if each op's time beyond its bytes at the memory roof were
-arithmetic that stays. It reads every slowness as arithmetic, but part of it is memory stalls
-that fusion removes (validation on the loaded machine: SDPA predicted 28–47 % slow with C, −20
-… +11 % with t), and fused kernels do some of that arithmetic faster (one CPU thread: SDPA
-2.3 ms ≈ its two GEMMs' 2.2 ms, where the eager core adds 1.1 ms of ``div`` and ``softmax``).
-t under-predicts where transcendentals dominate: a ``tanh`` counts one FLOP per element (the
-validation's chain: 12.7 ms eager, ``tanh`` alone 2.7 ms, 5.9 ms compiled by inductor).
+**The compute floor** C = Σ max(0, T_i − o − B_i/W*) over the region's ops (W*: the highest,
+over op names, of the median achieved bandwidth B/T of that name's ops in the trace): each op's
+time beyond dispatch and beyond streaming its bytes at the best bandwidth the trace shows is
+work that fusion does not remove — the arithmetic (transcendentals, which count one FLOP per
+element), the reductions of a softmax — since a fused kernel saves memory traffic and calls,
+not operations. The model time is max(t, C): on a GPU, whose elementwise kernels stream at
+near the roof, C ≈ 0 and t decides; on a CPU core, whose elementwise ops are bound by
+instruction throughput rather than by DRAM, C decides. It reads every slowness beyond the best
+bandwidth as work that stays: it over-estimates where an op was slow from memory stalls that
+fusion removes, or where a fused kernel vectorises the chain's arithmetic.
 
 **One op's fixed overhead**: on a device the fused kernel is launched by the op that launched
 the region's first kernel, whose host time and launch are kept; the other ops' host time
 (their dispatch and launch calls), the host time between them (the Python that called them)
 and their launch latencies go (their launch edges are dropped), and their kernels take no time,
-the first taking t (o = 0 there: T_i is kernel time). On the CPU the region's host time (first
-op's start to last op's end on its thread) becomes t + o, spread over its edges in proportion
-to their delays so far, where o is the median duration of the trace's ops that do no work and
-call no other op (views, ``as_strided``: an op call's dispatch cost); 0 when it has none.
+the first taking max(t, C) (o = 0 there: T_i is kernel time). On the CPU the region's host
+time (first op's start to last op's end on its thread) becomes max(t, C) + o, spread over its
+edges in proportion to their delays so far, where o is the median duration of the trace's
+ops that do no work and call no other op (views, ``as_strided``: an op call's dispatch
+cost); 0 when it has none.
 
 Errors: no input shapes (``record_shapes``), a REGEX matching no host span (those there are
 listed), no chain, a span whose ops have no FLOPs or bytes.
@@ -88,8 +90,8 @@ NO_SHAPES = ("the trace records no input shapes, so no FLOPs or bytes to price a
              "level='full', or torch.profiler.profile(record_shapes=True))")  # fmt: skip
 REGION_COLUMNS = ["region", "kind", "span", "part", "tid", "ops", "first", "last", "n_ops",
                   "names", "cls", "dtype", "flops", "bytes_unfused", "bytes_external",
-                  "measured_ns", "roofline_ns", "compute_floor_ns", "model_ns", "overhead_ns",
-                  "fused_ns", "on_host"]  # fmt: skip
+                  "measured_ns", "roofline_ns", "kept_ns", "compute_floor_ns", "model_ns",
+                  "overhead_ns", "fused_ns", "on_host"]  # fmt: skip
 
 Sig = tuple[tuple[int, ...], str]
 
@@ -437,7 +439,7 @@ def _price(c: Change, regions: list[Region], ops: pd.DataFrame,
         roofline = max(flops * per_flop, b_ext * per_byte)
         on_host = all(bool(col["on_host"][p]) for p in work)
         oh = overhead if on_host else 0.0
-        # the compute floor (reported, not priced): each op's time beyond its bytes at the roof
+        # the compute floor: each op's time beyond its bytes at the best bandwidth seen
         roof = np.array([roofs.get(col["part"][p], np.nan) for p in work])
         left = measured_a[w] - oh - np.nan_to_num(np.nan_to_num(bytes_a[w]) / roof)
         floor = float(np.clip(left, 0, None).sum())
@@ -458,9 +460,9 @@ def _price(c: Change, regions: list[Region], ops: pd.DataFrame,
             "names": " → ".join(str(col["name"][p]).removeprefix("aten::") for p in pos),
             "cls": cls, "dtype": dtype, "flops": flops,
             "bytes_unfused": float(np.nansum(bytes_a[w])), "bytes_external": b_ext,
-            "measured_ns": float(measured_a[w].sum()), "roofline_ns": roofline,
-            "compute_floor_ns": floor, "model_ns": roofline + kept, "overhead_ns": oh,
-            "fused_ns": roofline + kept + oh, "on_host": on_host,
+            "measured_ns": float(measured_a[w].sum()), "roofline_ns": roofline, "kept_ns": kept,
+            "compute_floor_ns": floor, "model_ns": max(roofline + kept, floor),
+            "overhead_ns": oh, "fused_ns": max(roofline + kept, floor) + oh, "on_host": on_host,
         })  # fmt: skip
     out = pd.DataFrame(rows, columns=REGION_COLUMNS)
     out.attrs["overhead_ns"] = overhead
