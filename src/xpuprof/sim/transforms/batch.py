@@ -160,8 +160,7 @@ def plan(trace: Trace, change: Change) -> Plan:
     in_opt = _under(t, OPTIMIZER_PATTERN, rows)
     in_inp = _under(t, INPUT_PATTERN, rows)
     in_scope = _under(t, change.pattern, rows) if change.pattern else np.ones(len(rows), bool)
-    args = trace.args(units["id"].tolist())
-    calls = [_call(args.get(i)) for i in units["id"].tolist()]
+    calls = _calls(trace, units["id"].to_numpy(np.int64))
     if not any(len(c) for c in calls):
         if units["class"].astype(str).str.startswith("xla:").all():
             raise XpuprofError(f"change {change.text!r}: the trace's ops are XLA's, costed by "
@@ -178,7 +177,12 @@ def plan(trace: Trace, change: Change) -> Plan:
     if change.pattern and not batchy.any() and not len(inp):
         raise XpuprofError(f"change {change.text!r}: no costed op and no input-pipeline span "
                            f"lies inside a host event matching {change.pattern!r}")  # fmt: skip
-    b0, found = _recorded_batch(change, model, calls, units, params)
+    # an op's call site: its name and input shapes (its repetitions share it; each is costed
+    # once)
+    named = zip(units["name"].astype(str), calls, strict=True)
+    shape = pd.Series([f"{n}{c.dims!r}{c.types!r}" for n, c in named], index=units.index)
+    site = shape.to_numpy(object)
+    b0, found = _recorded_batch(change, model, calls, units, params, site)
     new_b = int(change.option("new") or round(b0 * change.factor))
     if new_b < 1:
         raise XpuprofError(f"change {change.text!r}: the recorded batch is {b0}; × "
@@ -192,13 +196,11 @@ def plan(trace: Trace, change: Change) -> Plan:
 
     where = np.where(in_opt, "in the optimizer", np.where(in_inp, "in the input pipeline",
                                                           "outside the scope"))  # fmt: skip
-    f0, y0, f1, y1, carries, reason = _rescale(units, calls, batchy, where, b0, new_b, params)
+    f0, y0, f1, y1, carries, reason = _rescale(units, calls, batchy, where, b0, new_b, params,
+                                               site)  # fmt: skip
     peak = units["peak_flops"].to_numpy(float)
     bw = units["peak_bandwidth"].to_numpy(float)
     x0, x1 = _work(f0, y0, peak, bw), _work(f1, y1, peak, bw)
-    # an op's repetitions: the same name and input shapes
-    named = zip(units["name"].astype(str), calls, strict=True)
-    shape = pd.Series([f"{n}{c.dims!r}{c.types!r}" for n, c in named], index=units.index)
     x = _work(units["flops"].to_numpy(float), units["bytes"].to_numpy(float), peak, bw)
     fits = _fit(units, shape, x)
     fit = fits.set_index("class")
@@ -287,11 +289,34 @@ def _under(t: Any, pattern: str | None, rows: np.ndarray) -> np.ndarray:
     return t.nearest(mask, np.asarray(rows, np.int64)) >= 0
 
 
-def _call(a: Any) -> Any:
+def _calls(trace: Trace, ids: np.ndarray) -> list[Any]:
+    """The recorded call (``Input Dims``, ``Input type``, ``Concrete Inputs``) of each event of
+    ``ids``, in order: the three fields read by DuckDB, each distinct text decoded once (an
+    op's repetitions share them; decoding every args object costs seconds on a large store)."""
+    import pyarrow as pa
+
+    from xpuprof.core.raw import decode_json
     from xpuprof.costmodel.call import Call
 
-    a = a if isinstance(a, dict) else {}
-    return Call(a.get("Input Dims"), a.get("Input type"), a.get("Concrete Inputs"))
+    con = trace.con
+    con.register("_xpuprof_batch_ids", pa.table({"id": pa.array(ids, pa.int64())}))
+    try:
+        got = con.execute(
+            """select e.id, json_extract(e.args, '$."Input Dims"')::varchar as d,
+               json_extract(e.args, '$."Input type"')::varchar as t,
+               json_extract(e.args, '$."Concrete Inputs"')::varchar as c
+               from events e join _xpuprof_batch_ids i on e.id = i.id"""
+        ).fetchdf()
+    finally:
+        con.unregister("_xpuprof_batch_ids")
+    got = got.drop_duplicates("id").set_index("id").reindex(ids)
+    memo: dict[tuple[Any, Any, Any], Any] = {}
+    out = []
+    for key in zip(*(got[k].to_numpy(object).tolist() for k in ("d", "t", "c")), strict=True):
+        if key not in memo:
+            memo[key] = Call(*(decode_json(x) if isinstance(x, str) else None for x in key))
+        out.append(memo[key])
+    return out
 
 
 def _shapes(c: Any) -> list[list[int]]:
@@ -315,8 +340,8 @@ def _parameter_shapes(trace: Trace, t: Any) -> set[tuple[int, ...]]:
     if not len(rows):
         return set()
     out: set[tuple[int, ...]] = set()
-    for a in trace.args(t.ids[rows].tolist()).values():
-        out.update(tuple(s) for s in _shapes(_call(a)) if s)
+    for c in {id(c): c for c in _calls(trace, t.ids[rows])}.values():
+        out.update(tuple(s) for s in _shapes(c) if s)
     return out
 
 
@@ -329,7 +354,7 @@ def _first_batch_dim(c: Any, params: set[tuple[int, ...]]) -> int | None:
 
 
 def _recorded_batch(change: Change, batchy: np.ndarray, calls: list[Any], units: pd.DataFrame,
-                    params: set[tuple[int, ...]]) -> tuple[int, str]:  # fmt: skip
+                    params: set[tuple[int, ...]], site: np.ndarray) -> tuple[int, str]:  # fmt: skip
     """B: given (``=NEW/OLD``), or the most common leading dimension of the model ops' first
     non-parameter tensor input (module docstring)."""
     cand = np.flatnonzero(batchy)
@@ -343,11 +368,15 @@ def _recorded_batch(change: Change, batchy: np.ndarray, calls: list[Any], units:
         return b, "given"
     votes: Counter[int] = Counter()
     first: dict[int, str] = {}
+    seen: dict[str, int | None] = {}
+    names = units["name"].astype(str).to_numpy(object)
     for k in cand.tolist():
-        d = _first_batch_dim(calls[k], params)
+        if site[k] not in seen:
+            seen[site[k]] = _first_batch_dim(calls[k], params)
+        d = seen[site[k]]
         if d is not None:
             votes[d] += 1
-            first.setdefault(d, str(units["name"].iloc[k]))
+            first.setdefault(d, names[k])
     if not votes:
         raise XpuprofError(f"change {change.text!r}: no costed op outside the optimizer and the "
                            f"input pipeline has input shapes, so the batch size cannot be read; "
@@ -358,33 +387,45 @@ def _recorded_batch(change: Change, batchy: np.ndarray, calls: list[Any], units:
 
 
 def _rescale(units: pd.DataFrame, calls: list[Any], batchy: np.ndarray, where: np.ndarray,
-             b0: int, b1: int, params: set[tuple[int, ...]]) -> tuple[np.ndarray, ...]:  # fmt: skip
+             b0: int, b1: int, params: set[tuple[int, ...]],
+             site: np.ndarray) -> tuple[np.ndarray, ...]:  # fmt: skip
     """Per costed op: FLOPs and bytes at the recorded and the new batch (``costmodel``),
-    whether it carries the batch, and why not (``where`` for the ops outside ``batchy``)."""
-    from xpuprof.costmodel.ops import op_cost
-
+    whether it carries the batch, and why not (``where`` for the ops outside ``batchy``);
+    each call site (``site``: name and input shapes) costed once."""
     n = len(units)
     f0, y0, f1, y1 = (np.full(n, np.nan) for _ in range(4))
     carries = np.zeros(n, bool)
     reason = np.full(n, None, dtype=object)
     names = units["name"].astype(str).tolist()
+    memo: dict[str, tuple[Any, ...]] = {}
     for k in range(n):
-        c = calls[k]
         if not batchy[k]:
             reason[k] = where[k]
             continue
-        dims = _scale_dims(c, b0, b1, params)
-        if dims is None:
-            reason[k] = f"no non-parameter input has a dimension {b0}"
+        if site[k] not in memo:
+            memo[site[k]] = _rescale_one(names[k], calls[k], b0, b1, params)
+        got = memo[site[k]]
+        if isinstance(got, str):
+            reason[k] = got
             continue
-        a, b = op_cost(names[k], c.dims, c.types, c.concrete)
-        a2, b2 = op_cost(names[k], dims, c.types, c.concrete)
-        if a2 is None and b2 is None:
-            reason[k] = "its cost rule does not accept the new shapes"
-            continue
-        f0[k], y0[k], f1[k], y1[k] = a or 0.0, b or 0.0, a2 or 0.0, b2 or 0.0
+        f0[k], y0[k], f1[k], y1[k] = got
         carries[k] = True
     return f0, y0, f1, y1, carries, reason
+
+
+def _rescale_one(name: str, c: Any, b0: int, b1: int,
+                 params: set[tuple[int, ...]]) -> tuple[float, ...] | str:  # fmt: skip
+    """One call site's FLOPs and bytes at ``b0`` and ``b1``, or why it does not carry it."""
+    from xpuprof.costmodel.ops import op_cost
+
+    dims = _scale_dims(c, b0, b1, params)
+    if dims is None:
+        return f"no non-parameter input has a dimension {b0}"
+    a, b = op_cost(name, c.dims, c.types, c.concrete)
+    a2, b2 = op_cost(name, dims, c.types, c.concrete)
+    if a2 is None and b2 is None:
+        return "its cost rule does not accept the new shapes"
+    return a or 0.0, b or 0.0, a2 or 0.0, b2 or 0.0
 
 
 def _scale_dims(c: Any, b0: int, b1: int, params: set[tuple[int, ...]]) -> list[Any] | None:

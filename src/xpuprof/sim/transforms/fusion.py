@@ -57,6 +57,9 @@ cost); 0 when it has none.
 
 Errors: no input shapes (``record_shapes``), a REGEX matching no host span (those there are
 listed), no chain, a span whose ops have no FLOPs or bytes.
+
+Length: one transform — finding regions from shapes, pricing them, and editing the graph's host
+and device edges — whose parts only make sense together.
 """
 
 from __future__ import annotations
@@ -257,7 +260,7 @@ def _op_frame(trace: Trace, t: EventTree, rows: np.ndarray, costs: RooflineCosts
 
     o = pd.DataFrame({"row": rows, "id": t.ids[rows], "part": t.part[rows], "pid": t.pid[rows],
                       "tid": t.tid[rows], "ts": t.ts[rows], "end": t.ts[rows] + t.dur[rows],
-                      "name": t.names_of(rows), "flops": t.flops[rows],
+                      "name": np.asarray(t.names_of(rows), dtype=object), "flops": t.flops[rows],
                       "bytes": t.bytes[rows]})  # fmt: skip
     o = o.sort_values(["part", "pid", "tid", "ts", "row"], kind="stable", ignore_index=True)
     con = trace.con
@@ -273,7 +276,8 @@ def _op_frame(trace: Trace, t: EventTree, rows: np.ndarray, costs: RooflineCosts
     got = got.set_index("id").reindex(o["id"])
     memo: dict[tuple[Any, Any, Any], _Shapes | None] = {}
     shapes = []
-    for nm, d, ty in zip(o["name"], got["dims"], got["types"], strict=True):
+    dims, types = got["dims"].to_numpy(object).tolist(), got["types"].to_numpy(object).tolist()
+    for nm, d, ty in zip(o["name"].tolist(), dims, types, strict=True):
         key = (nm, d, ty)
         if key not in memo:
             memo[key] = _shapes(str(nm), decode_json(d) if isinstance(d, str) else None,
@@ -508,9 +512,10 @@ def apply(change: Change, ctx: Context) -> str:
     regions, _ = plan(ctx.trace, change)
     g = ctx.graph
     n, e = g.nodes, g.edges
-    start, end = _node_of(n, 0), _node_of(n, 1)
-    host_tl = e.timeline & np.isin(e.kind, (HOST_WORK, HOST_GAP))
-    dst_of_host = pd.Series(np.flatnonzero(host_tl), index=e.dst[host_tl])
+    start, end = _NodeOf(n, 0), _NodeOf(n, 1)
+    host_tl = np.flatnonzero(e.timeline & np.isin(e.kind, (HOST_WORK, HOST_GAP)))
+    into = np.full(len(n.event), -1, np.int64)  # node → the host timeline edge into it
+    into[e.dst[host_tl]] = host_tl
     device: _DeviceEdges | None = None
     done, ops_fused, skipped = 0, 0, 0
     for r in regions.itertuples():
@@ -518,7 +523,8 @@ def apply(change: Change, ctx: Context) -> str:
         if s0 is None or s1 is None or n.timeline[s0] != n.timeline[s1]:
             skipped += 1  # outside the replayed steps
             continue
-        inner = dst_of_host.reindex(np.arange(s0 + 1, s1 + 1)).dropna().to_numpy(np.int64)
+        inner = into[s0 + 1 : s1 + 1]
+        inner = inner[inner >= 0]
         if r.on_host:
             total = float(ctx.delay[inner].sum())
             if total > 0:
@@ -552,12 +558,17 @@ def apply(change: Change, ctx: Context) -> str:
             + (f"; {skipped} outside the replay" if skipped else "") + ")")  # fmt: skip
 
 
-def _node_of(n: Any, kind: int) -> dict[int, int]:
-    """Event id → its host start (0) or end (1) node."""
-    sel = np.flatnonzero(n.kind == kind)
-    s = pd.Series(sel, index=n.event[sel])
-    s = s[~s.index.duplicated()]
-    return dict(zip(s.index.tolist(), s.to_numpy().tolist(), strict=True))
+class _NodeOf:
+    """Event id → its host start (kind 0) or end (1) node, by binary search over sorted ids."""
+
+    def __init__(self, n: Any, kind: int) -> None:
+        sel = np.flatnonzero(n.kind == kind)
+        o = np.argsort(n.event[sel], kind="stable")
+        self.ev, self.node = n.event[sel][o], sel[o]
+
+    def get(self, ev: int, default: int | None = None) -> int | None:
+        i = int(np.searchsorted(self.ev, ev))
+        return int(self.node[i]) if i < len(self.ev) and self.ev[i] == ev else default
 
 
 class _DeviceEdges:
@@ -573,28 +584,38 @@ class _DeviceEdges:
                             runtime_only=True)  # fmt: skip
         owner = t.farthest(t.is_level("op"), call, strict=True)
         w["op"] = np.where(owner >= 0, t.ids[np.maximum(owner, 0)], -1)
-        w = w[w["op"] >= 0].sort_values(["ts", "id"])
-        self.kernels = {int(op): k["id"].to_numpy(np.int64) for op, k in w.groupby("op")}
+        w = w[w["op"] >= 0].sort_values(["op", "ts", "id"], kind="stable")
+        # sorted keys and values, looked up by binary search (dicts of lists cost seconds on
+        # a store of millions of events)
+        self.k_op, self.k_id = w["op"].to_numpy(np.int64), w["id"].to_numpy(np.int64)
         e, n = g.edges, g.nodes
         dev = np.flatnonzero(e.kind == DEVICE_WORK)
-        self.work = pd.Series(dev, index=e.event[dev]).groupby(level=0).agg(list).to_dict()
+        o = np.argsort(e.event[dev], kind="stable")
+        self.w_ev, self.w_edge = e.event[dev][o], dev[o]
         launch = np.flatnonzero(e.kind == LAUNCH)
         into = n.event[e.dst[launch]]
-        self.launch = pd.Series(launch, index=into).groupby(level=0).agg(list).to_dict()
+        o = np.argsort(into, kind="stable")
+        self.l_ev, self.l_edge = into[o], launch[o]
+
+    @staticmethod
+    def _of(keys: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
+        lo, hi = np.searchsorted(keys, k, "left"), np.searchsorted(keys, k, "right")
+        return values[lo:hi]
 
     def fuse(self, ops: tuple[int, ...], fused_ns: float, ctx: Context) -> int | None:
         """The first kernel of ``ops`` takes ``fused_ns``, the others nothing and their launch
         edges go; the op that launched the first (None: no kernel in the graph)."""
-        per = [(int(op), self.kernels[int(op)]) for op in ops if int(op) in self.kernels]
+        per = [(int(op), self._of(self.k_op, self.k_id, int(op))) for op in ops]
+        per = [(op, k) for op, k in per if len(k)]
         if not per:
             return None
         ids = np.concatenate([k for _, k in per])
-        edges = [self.work.get(int(k), []) for k in ids]
-        if not edges[0]:
+        edges = [self._of(self.w_ev, self.w_edge, int(k)) for k in ids]
+        if not len(edges[0]):
             return None
         for k, ed in zip(ids[1:].tolist(), edges[1:], strict=True):
             ctx.delay[ed] = 0
-            ctx.keep[self.launch.get(k, [])] = False
+            ctx.keep[self._of(self.l_ev, self.l_edge, k)] = False
         ctx.delay[edges[0]] = 0
         ctx.delay[edges[0][0]] = int(round(fused_ns))
         return per[0][0]
