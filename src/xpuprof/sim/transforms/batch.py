@@ -177,8 +177,7 @@ def plan(trace: Trace, change: Change) -> Plan:
     if change.pattern and not batchy.any() and not len(inp):
         raise XpuprofError(f"change {change.text!r}: no costed op and no input-pipeline span "
                            f"lies inside a host event matching {change.pattern!r}")  # fmt: skip
-    # an op's call site: its name and input shapes (its repetitions share it; each is costed
-    # once)
+    # an op's call site (name and input shapes): its repetitions share it, each costed once
     named = zip(units["name"].astype(str), calls, strict=True)
     shape = pd.Series([f"{n}{c.dims!r}{c.types!r}" for n, c in named], index=units.index)
     site = shape.to_numpy(object)
