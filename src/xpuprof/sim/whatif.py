@@ -336,7 +336,9 @@ class _Names:
 def member(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Whether each of ``values`` is in ``ids`` (a binary search in the sorted ids: event ids
     are too sparse for a table, and ``np.isin`` sorts both sides)."""
-    ids = np.unique(np.asarray(ids, np.int64))
+    ids = np.asarray(ids, np.int64)
+    if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():  # already sorted and distinct: as is
+        ids = np.unique(ids)
     if not len(ids):
         return np.zeros(len(values), bool)
     pos = np.minimum(np.searchsorted(ids, values), len(ids) - 1)

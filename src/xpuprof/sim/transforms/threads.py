@@ -61,7 +61,7 @@ import pandas as pd
 
 from xpuprof.core.errors import XpuprofError
 from xpuprof.sim.graph import HOST_END, HOST_START, HOST_WORK
-from xpuprof.sim.whatif import Change
+from xpuprof.sim.whatif import Change, member
 
 if TYPE_CHECKING:
     from xpuprof.sim.transforms import Context
@@ -195,7 +195,7 @@ def apply(c: Change, ctx: Context) -> str:
                            "other thread counts (capture at level 'op')")  # fmt: skip
     ids = ops["id"].to_numpy(np.int64)
     # own time of each op: its host_work edges
-    hw = np.flatnonzero((e.kind == HOST_WORK) & np.isin(e.event, ids))
+    hw = np.flatnonzero((e.kind == HOST_WORK) & member(e.event, ids))
     row = np.searchsorted(ids, e.event[hw])
     own = np.bincount(row, weights=ctx.delay[hw].astype(float), minlength=len(ids))
     names = ops["name"].astype(str).to_numpy(object)
@@ -205,11 +205,15 @@ def apply(c: Change, ctx: Context) -> str:
     nbytes = ops["bytes"].to_numpy(float)
     args = ops["args"].to_numpy(object)
     seen: dict[tuple[bytes, bytes], int | None] = {}
-    ch = np.array([chunks(k, f, b, largest_tensor(a, seen) if k is not None and k not in
-                          ("matmul", "conv", "attention") else None)
-                   for k, f, b, a in zip(kinds, flops, nbytes, args, strict=True)])  # fmt: skip
+    # an op that launched device work is serial (its CPU time is dispatch): only the others,
+    # with a cost rule, are looked at one by one
     device_op = _launched_device_work(ctx, ids)
-    ch[device_op] = 1.0
+    ch = np.ones(len(ids))
+    for i in np.flatnonzero(~device_op).tolist():
+        k = kinds[i]
+        if k is not None:
+            big = k not in ("matmul", "conv", "attention")
+            ch[i] = chunks(k, flops[i], nbytes[i], largest_tensor(args[i], seen) if big else None)
     unknown = np.isnan(ch)
     ch[unknown] = 1.0
     part = ops["part"].to_numpy(np.int64)
@@ -276,11 +280,11 @@ def _launched_device_work(ctx: Context, ids: np.ndarray) -> np.ndarray:
     out = np.zeros(len(ids), bool)
     if not len(runtime):
         return out
-    calls = np.flatnonzero((n.kind == HOST_START) & np.isin(n.event, runtime))
+    calls = np.flatnonzero((n.kind == HOST_START) & member(n.event, runtime))
     if not len(calls):
         return out
-    start = np.flatnonzero((n.kind == HOST_START) & np.isin(n.event, ids))
-    end = np.flatnonzero((n.kind == HOST_END) & np.isin(n.event, ids))
+    start = np.flatnonzero((n.kind == HOST_START) & member(n.event, ids))
+    end = np.flatnonzero((n.kind == HOST_END) & member(n.event, ids))
     s_row = np.searchsorted(ids, n.event[start])
     e_row = np.searchsorted(ids, n.event[end])
     a = np.full(len(ids), -1, np.int64)
