@@ -195,8 +195,9 @@ def resnet_pair() -> dict | None:
            "measured_median_ms": float(statistics.median(measured)),
            "measured_steps_ms": [round(float(x), 1) for x in measured]}  # fmt: skip
     row["error_pct"] = 100 * (row["predicted_ms"] - row["measured_ms"]) / row["measured_ms"]
-    row["error_median_pct"] = 100 * (row["predicted_median_ms"] - row["measured_median_ms"]) / (
-        row["measured_median_ms"])
+    row["error_median_pct"] = (
+        100 * (row["predicted_median_ms"] - row["measured_median_ms"]) / (row["measured_median_ms"])
+    )
     return row
 
 
@@ -206,8 +207,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--collate-ms", type=float, default=25.0)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--only", nargs="*", default=None,
-                    help=f"case modules to run besides the input cases: {', '.join(CASE_MODULES)}")
+    ap.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        help=f"case modules to run besides the input cases: {', '.join(CASE_MODULES)}",
+    )
     args = ap.parse_args()
     res = run(args)
     res["resnet50_pair"] = resnet_pair()
@@ -216,8 +221,10 @@ def main() -> None:
         return
     print(f"What-if validation — {res['date']} — {res['machine']}; collate {res['collate_ms']} "
           f"ms, {res['steps']} steps, median of {res['runs']} runs\n")  # fmt: skip
-    print("| case | change | predicted ms | measured ms | error % | speedup predicted | "
-          "speedup measured | predicted by ratio ms |")
+    print(
+        "| case | change | predicted ms | measured ms | error % | speedup predicted | "
+        "speedup measured | predicted by ratio ms |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, c in res["cases"].items():
         print(f"| {name} | `{c['change']}` | {c['predicted'] * 1e3:.2f} | "
@@ -233,11 +240,13 @@ def main() -> None:
     if r is None:
         print("\nResNet-50 pair: ../shared/traces not found, skipped")
         return
-    print(f"\nResNet-50 V100 (shared traces), num_workers 0 → 4 by `{r['change']}`: mean step "
-          f"{r['baseline_ms']:.1f} ms → predicted {r['predicted_ms']:.1f} ms, recorded "
-          f"{r['measured_ms']:.1f} ms ({r['error_pct']:+.1f} %); median predicted "
-          f"{r['predicted_median_ms']:.1f} ms, recorded {r['measured_median_ms']:.1f} ms "
-          f"({r['error_median_pct']:+.1f} %); recorded steps {r['measured_steps_ms']} ms")
+    print(
+        f"\nResNet-50 V100 (shared traces), num_workers 0 → 4 by `{r['change']}`: mean step "
+        f"{r['baseline_ms']:.1f} ms → predicted {r['predicted_ms']:.1f} ms, recorded "
+        f"{r['measured_ms']:.1f} ms ({r['error_pct']:+.1f} %); median predicted "
+        f"{r['predicted_median_ms']:.1f} ms, recorded {r['measured_median_ms']:.1f} ms "
+        f"({r['error_median_pct']:+.1f} %); recorded steps {r['measured_steps_ms']} ms"
+    )
 
 
 if __name__ == "__main__":

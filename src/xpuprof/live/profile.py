@@ -348,7 +348,8 @@ class Profile:
             "pid": os.getpid(),
             "host_name": os.uname().nodename if hasattr(os, "uname") else None,
             # the CPUs the process may run on (what its threads and workers share)
-            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            "cpus": len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
             else os.cpu_count(),
             # torch's intra-op thread count (what at::parallel_for and the BLAS use; the
             # what-if change threads=N scales from it); None when torch is not imported
