@@ -412,24 +412,25 @@ def _run_here(
     return out
 
 
-def _preload(jobs: list[tuple[Path, int]]) -> None:
-    """Import what the workers will need before forking them: they then start in 0.1 s with
-    pyarrow, numpy and the decoders loaded, instead of spawning fresh interpreters that
-    import everything again (about 0.8 s before the first file). Only the readers these files
-    need (protobuf only for XPlane)."""
-    import importlib
+def _preload(jobs: list[tuple[Path, int]]) -> str:
+    """The Dask workers' start method: forked from a *fork server* that imports what they
+    need once (the readers of these files), not from this process, whose other threads
+    (DuckDB's, torch's, a web server's) may hold a lock at the fork and leave the child stuck
+    — the cluster then waits forever (seen in the test suite). Costs the server's start once
+    per process (8-rank benchmark import: 5.0–5.7 s forked here, 7.0 s); else spawn."""
+    import multiprocessing
 
-    import xpuprof.trace.normalize  # noqa: F401
     from xpuprof.formats import reader_for
 
-    modules: dict[str, None] = {}
+    modules = dict.fromkeys(("xpuprof.trace.ingest", "xpuprof.trace.normalize"))
     for path, _ in jobs:
-        try:
+        with contextlib.suppress(XpuprofError):  # the worker reports it, with the others'
             modules.update(dict.fromkeys(reader_for(path).preload))
-        except XpuprofError:
-            continue  # the worker reports it, with the others' results
-    for name in modules:
-        importlib.import_module(name)
+    if "forkserver" not in _start_methods():
+        return "spawn"
+    # read when the fork server starts (the first import on Dask in this process)
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(modules))
+    return "forkserver"
 
 
 def _run_on_dask(
@@ -449,8 +450,7 @@ def _run_on_dask(
     if scheduler:
         client = Client(scheduler)
     else:
-        _preload(jobs)
-        method = "fork" if "fork" in _start_methods() else "spawn"
+        method = _preload(jobs)
         with dask.config.set({"distributed.worker.multiprocessing-method": method}):
             cluster = LocalCluster(
                 n_workers=workers,
