@@ -78,8 +78,6 @@ def _loop(collate_ms: float, workers: int, steps: int, warmup: int,
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    import xpuprof
-
     torch.manual_seed(0)
     torch.set_num_threads(1)
     n = (steps + warmup + 2) * 64
@@ -92,28 +90,18 @@ def _loop(collate_ms: float, workers: int, steps: int, warmup: int,
                         num_workers=max(workers, 0), persistent_workers=workers > 0)  # fmt: skip
     if workers < 0:
         loader = list(loader)
-    times: list[float] = []
-    ctx = (xpuprof.profile(store, level="op", steps=steps, warmup=warmup, model=model)
-           if store is not None else None)  # fmt: skip
     it = iter(loader)
-    if ctx is not None:
-        ctx.__enter__()
-    try:
-        for i in range(steps + warmup):
-            xpuprof.step(i)
-            t0 = time.perf_counter()
-            x, y = next(it)
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-        xpuprof.step(steps + warmup)
-    finally:
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
-    return times
+
+    def step(i: int) -> None:
+        x, y = next(it)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    from whatif_cases.loop import timed_steps
+
+    return timed_steps(step, steps, warmup, store, model=model)[0]
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -57,8 +57,6 @@ def _loop(batch: int, steps: int, warmup: int,
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    import xpuprof
-
     torch.set_num_threads(1)
     torch.manual_seed(0)
     n = (steps + warmup + 2) * batch
@@ -68,31 +66,21 @@ def _loop(batch: int, steps: int, warmup: int,
                                 torch.nn.Linear(HIDDEN, CLASSES))  # fmt: skip
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     it = iter(DataLoader(data, batch_size=batch))
-    ctx = (xpuprof.profile(store, level="op", steps=steps, warmup=warmup, record_shapes=True,
-                           model=model, telemetry=False)
-           if store is not None else None)  # fmt: skip
-    times: list[float] = []
-    fetch: list[float] = []
-    if ctx is not None:
-        ctx.__enter__()
-    try:
-        for i in range(steps + warmup):
-            xpuprof.step(i)
-            t0 = time.perf_counter()
-            x, y = next(it)
-            t1 = time.perf_counter()
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-                fetch.append(t1 - t0)
-        xpuprof.step(steps + warmup)
-    finally:
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
-    return times, fetch
+
+    def step(i: int) -> float:
+        t0 = time.perf_counter()
+        x, y = next(it)
+        fetched = time.perf_counter() - t0
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return fetched
+
+    from whatif_cases.loop import timed_steps
+
+    return timed_steps(step, steps, warmup, store, record_shapes=True, model=model,
+                       telemetry=False)  # fmt: skip
 
 
 def _mean_step(w: Any) -> tuple[float, float]:

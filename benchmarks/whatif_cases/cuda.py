@@ -28,7 +28,6 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +55,6 @@ def _loop(mode: str, steps: int, warmup: int, store: Path | None = None) -> list
     """Step times (s) after warm-up; ``store``: captured (baseline only)."""
     import torch
 
-    import xpuprof
-
     model, opt, xs, ys = _setup(mode)
     dev = torch.device("cuda")
     non_blocking = mode == "async"
@@ -78,38 +75,28 @@ def _loop(mode: str, steps: int, warmup: int, store: Path | None = None) -> list
             static_loss = torch.nn.functional.mse_loss(model(sx), sy)
             static_loss.backward()
             opt.step()
-    ctx = (xpuprof.profile(store, level="op", record_shapes=True, steps=steps, warmup=warmup)
-           if store is not None else None)  # fmt: skip
-    if ctx is not None:
-        ctx.__enter__()
-    times: list[float] = []
-    try:
-        for i in range(steps + warmup):
-            xpuprof.step(i)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            x = xs[i % len(xs)].to(dev, non_blocking=non_blocking)
-            y = ys[i % len(ys)].to(dev, non_blocking=non_blocking)
-            if graph is not None:
-                sx.copy_(x)
-                sy.copy_(y)
-                graph.replay()
-                loss = static_loss
-            else:
-                with torch.autocast("cuda", torch.bfloat16, enabled=mode == "bf16"):
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            loss.item()
-            torch.cuda.synchronize()
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-        xpuprof.step(steps + warmup)
-    finally:
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
-    return times
+
+    def step(i: int) -> None:
+        x = xs[i % len(xs)].to(dev, non_blocking=non_blocking)
+        y = ys[i % len(ys)].to(dev, non_blocking=non_blocking)
+        if graph is not None:
+            sx.copy_(x)
+            sy.copy_(y)
+            graph.replay()
+            loss = static_loss
+        else:
+            with torch.autocast("cuda", torch.bfloat16, enabled=mode == "bf16"):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        loss.item()
+        torch.cuda.synchronize()
+
+    from whatif_cases.loop import timed_steps
+
+    return timed_steps(step, steps, warmup, store, before=torch.cuda.synchronize,
+                       record_shapes=True)[0]  # fmt: skip
 
 
 def _copy_change(trace: Any) -> tuple[str, str]:

@@ -27,7 +27,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +41,6 @@ def _loop(threads: int, steps: int, warmup: int, store: Path | None = None) -> l
     With ``store``: under ``xpuprof.profile(level="op", record_shapes=True)``."""
     import torch
 
-    import xpuprof
-
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     layers: list[Any] = []
@@ -53,28 +50,17 @@ def _loop(threads: int, steps: int, warmup: int, store: Path | None = None) -> l
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     batches = [(torch.randn(BATCH, WIDTH), torch.randint(0, 10, (BATCH,)))
                for _ in range(steps + warmup)]  # fmt: skip
-    ctx = (xpuprof.profile(store, level="op", steps=steps, warmup=warmup, record_shapes=True,
-                           telemetry=False)
-           if store is not None else None)  # fmt: skip
-    times: list[float] = []
-    if ctx is not None:
-        ctx.__enter__()
-    try:
-        for i in range(steps + warmup):
-            xpuprof.step(i)
-            t0 = time.perf_counter()
-            x, y = batches[i]
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-        xpuprof.step(steps + warmup)
-    finally:
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
-    return times
+
+    def step(i: int) -> None:
+        x, y = batches[i]
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    from whatif_cases.loop import timed_steps
+
+    return timed_steps(step, steps, warmup, store, record_shapes=True, telemetry=False)[0]
 
 
 def run(args: Any) -> dict[str, dict]:

@@ -204,16 +204,8 @@ def apply(c: Change, ctx: Context) -> str:
     flops = ops["flops"].to_numpy(float)
     nbytes = ops["bytes"].to_numpy(float)
     args = ops["args"].to_numpy(object)
-    seen: dict[tuple[bytes, bytes], int | None] = {}
-    # an op that launched device work is serial (its CPU time is dispatch): only the others,
-    # with a cost rule, are looked at one by one
     device_op = _launched_device_work(ctx, ids)
-    ch = np.ones(len(ids))
-    for i in np.flatnonzero(~device_op).tolist():
-        k = kinds[i]
-        if k is not None:
-            big = k not in ("matmul", "conv", "attention")
-            ch[i] = chunks(k, flops[i], nbytes[i], largest_tensor(args[i], seen) if big else None)
+    ch = _all_chunks(kinds, flops, nbytes, args, device_op)
     unknown = np.isnan(ch)
     ch[unknown] = 1.0
     part = ops["part"].to_numpy(np.int64)
@@ -270,6 +262,20 @@ def _fixed_parts(names: np.ndarray, part: np.ndarray, own: np.ndarray,
     fallback = by_part.reindex(part).to_numpy(float)
     f = np.where(np.isnan(f), fallback, f)
     return np.where(np.isnan(f), np.inf, f)
+
+
+def _all_chunks(kinds: list[Any], flops: np.ndarray, nbytes: np.ndarray, args: np.ndarray,
+                device_op: np.ndarray) -> np.ndarray:  # fmt: skip
+    """:func:`chunks` of every op; an op that launched device work is serial (its CPU time is
+    dispatch), so only the others, with a cost rule, are looked at one by one."""
+    seen: dict[tuple[bytes, bytes], int | None] = {}
+    ch = np.ones(len(kinds))
+    for i in np.flatnonzero(~device_op).tolist():
+        k = kinds[i]
+        if k is not None:
+            big = k not in ("matmul", "conv", "attention")
+            ch[i] = chunks(k, flops[i], nbytes[i], largest_tensor(args[i], seen) if big else None)
+    return ch
 
 
 def _launched_device_work(ctx: Context, ids: np.ndarray) -> np.ndarray:
