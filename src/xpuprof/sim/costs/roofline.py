@@ -203,8 +203,10 @@ class RooflineCosts:
         mask[rows[rows >= 0]] = True
         owner = t.nearest(mask, call, strict=True)
         w["op"] = np.where(owner >= 0, t.ids[np.maximum(owner, 0)], -1)
-        w["host_copy"] = [is_host_copy(n, lv) for n, lv in zip(w["name"], w["level"],
-                                                                 strict=True)]  # fmt: skip
+        # per distinct (name, level): a store has few kernel names and many kernels
+        codes, pairs = pd.factorize(pd.MultiIndex.from_arrays([w["name"], w["level"]]))
+        copy = np.fromiter((is_host_copy(n, lv) for n, lv in pairs), bool, len(pairs))
+        w["host_copy"] = copy[codes] if len(codes) else np.zeros(0, bool)
         return w.set_index("id")
 
     def _op_table(self, o: pd.DataFrame) -> pd.DataFrame:
