@@ -191,7 +191,7 @@ def resnet_pair() -> dict | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--collate-ms", type=float, default=25.0)
     ap.add_argument("--json", action="store_true")

@@ -174,6 +174,7 @@ class RooflineCosts:
         self.target = resolve_device(device)
         own = resolve_device(own_device)
         tables = roofline(trace, device=own, tf32=tf32, calibrate=calibrate).tables
+        self.tables = tables  # the roofline tool's answer (devices, ops), for whoever prices on
         ops, xla = tables["ops"], _xla_kernels(tables["kernels"])
         work = self._device_work(ops)
         work = pd.concat([work[~work.index.isin(xla[1].index)], xla[1]])

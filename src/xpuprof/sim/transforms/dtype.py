@@ -96,7 +96,7 @@ def apply(c: Change, ctx: Context) -> str:
         raise XpuprofError(f"change {c.text!r}: the trace has no GEMM-like op with FLOPs "
                            "(matmul, conv, attention; shapes come with "
                            "record_shapes=True)")  # fmt: skip
-    specs = _specs(ctx, on_gpu["id"].to_numpy(np.int64))
+    specs = _specs(rc.tables, on_gpu["id"].to_numpy(np.int64))
     bad = sorted({s.name for s in specs.values() if s is not None and s.kind != "gpu"})
     if bad:
         raise XpuprofError(f"change {c.text!r}: dtype= is for GPUs; the GEMMs ran on "
@@ -154,20 +154,18 @@ def _ratios(ops: pd.DataFrame, eff: pd.DataFrame, specs: dict[int, DeviceSpec | 
     return pd.Series(out, index=ids)
 
 
-def _specs(ctx: Context, ids: np.ndarray) -> dict[int, DeviceSpec | None]:
+def _specs(tables: dict[str, pd.DataFrame], ids: np.ndarray) -> dict[int, DeviceSpec | None]:
     """The hardware-table spec of the device each op ran on (the roofline tool's match:
-    ``deviceProperties``, XPlane planes), None when it has none."""
-    from xpuprof.analysis.roofline import roofline
+    ``deviceProperties``, XPlane planes; its ``tables``), None when it has none."""
     from xpuprof.hardware import specs as hw
 
-    tables = roofline(ctx.trace).tables
-    ops = tables["ops"].set_index("id")
+    ops = tables["ops"].drop_duplicates("id").set_index("id")
     key_of = dict(zip(tables["devices"]["name"], tables["devices"]["key"], strict=True))
-    out: dict[int, DeviceSpec | None] = {}
-    for i in ids.tolist():
-        name = ops["device"].get(i) if i in ops.index else None
-        key = key_of.get(name)
-        out[int(i)] = hw.SPECS.get(str(key)) if key is not None else None
+    names = [None if pd.isna(n) else n for n in ops["device"].reindex(ids).tolist()]
+    spec_of = {n: (hw.SPECS.get(str(key_of[n])) if key_of.get(n) is not None else None)
+               for n in set(names)}  # fmt: skip
+    out: dict[int, DeviceSpec | None] = dict(zip(ids.tolist(), (spec_of[n] for n in names),
+                                                 strict=True))  # fmt: skip
     missing = [i for i, s in out.items() if s is None]
     if missing:
         raise XpuprofError(f"change dtype: the device of {len(missing):,} GEMM ops is not in "
