@@ -261,9 +261,9 @@ def apply(change: Change, ctx: Context) -> str:
         spans = int(pick.sum())
     kept = p.ops[~p.ops["carries"]]
     opt = int((kept["reason"] == "in the optimizer").sum())
+    classes = set(carried["class"].unique().tolist())
     fits = ", ".join(f"{r['class']} a={r['a_ns'] / 1e3:.1f} µs b={r['b']:.3g}"
-                     for _, r in p.fits.iterrows()
-                     if r["class"] in set(carried["class"]))  # fmt: skip
+                     for _, r in p.fits.iterrows() if r["class"] in classes)  # fmt: skip
     delta = float((carried["predicted_ns"] - carried["measured_ns"]).sum())
     steps = max(int(carried["step"][carried["step"] >= 0].nunique()), 1)
     return (f"{change.text}: batch {p.batch} → {p.new_batch} ({p.found}); {len(carried):,} ops "
