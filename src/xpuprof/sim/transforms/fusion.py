@@ -335,7 +335,16 @@ def _chains(c: Change, ops: pd.DataFrame, scope: np.ndarray | None) -> list[Regi
     out: list[Region] = []
     cur: list[int] = []
     span = scope[ops["row"].to_numpy()] if scope is not None else np.full(len(ops), -1)
-    rows = list(ops.itertuples())
+    # the ops a chain can hold, and those that end one (neither such an op nor a view: a view
+    # moves no data and does not break a chain); only the former are visited one by one
+    ok = ((ops["cls"] == CLASS).to_numpy(bool) & ops["priced"].to_numpy(bool)
+          & np.fromiter((x is not None and x.out is not None for x in ops["shapes"]), bool,
+                        len(ops))
+          & ((span >= 0) if scope is not None else True))  # fmt: skip
+    view = (ops["flops"].to_numpy(float) == 0) & ~(ops["bytes"].to_numpy(float) > 0)
+    breaks = np.cumsum(~ok & ~view)
+    cand = np.flatnonzero(ok)
+    rows = dict(zip(cand.tolist(), ops.iloc[cand].itertuples(), strict=True))
 
     def close() -> None:
         if len(cur) >= 2:  # the chain, and the views between its ops
@@ -343,14 +352,11 @@ def _chains(c: Change, ops: pd.DataFrame, scope: np.ndarray | None) -> list[Regi
             out.append((first, list(range(cur[0], cur[-1] + 1))))  # type: ignore[arg-type]
         cur.clear()
 
-    for i, r in enumerate(rows):
-        if cur and r.flops == 0 and not r.bytes > 0:
-            continue  # a view moves no data: it does not break a chain
-        ok = (r.cls == CLASS and r.priced and r.shapes is not None and r.shapes.out is not None
-              and (scope is None or span[i] >= 0))  # fmt: skip
-        if not ok:
-            close()
+    for i, r in rows.items():
+        if cur and view[i]:
             continue
+        if cur and breaks[i] != breaks[cur[-1]]:
+            close()  # an op that is neither of a chain nor a view lies between
         if cur:
             p = rows[cur[-1]]
             linked = ((p.part, p.pid, p.tid) == (r.part, r.pid, r.tid)
