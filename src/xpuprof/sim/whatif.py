@@ -551,14 +551,20 @@ def _priced(c: Change, trace: Trace, g: ReplayGraph, delay: np.ndarray) -> str:
     return f"{c.text}: {priced:,} collective edges repriced (NCCL's model, relative to the trace)"
 
 
+def launch_calls(g: ReplayGraph) -> np.ndarray:
+    """Per node: the start point of the host call that launched its work (its first launch
+    edge; -1: none)."""
+    launch = np.flatnonzero(g.edges.kind == LAUNCH)[::-1]  # the first edge assigned last
+    out = np.full(len(g.nodes), -1, np.int64)
+    out[g.edges.dst[launch]] = g.edges.src[launch]
+    return out
+
+
 def _launching_call(g: ReplayGraph, points: np.ndarray) -> np.ndarray:
     """Per device end point in ``points``, the event id of the host call that launched its
     work (-1 when none, or not a device end)."""
-    e = g.edges
-    launch = np.flatnonzero(e.kind == LAUNCH)
-    call_of_start = pd.Series(g.nodes.event[e.src[launch]], index=e.dst[launch])
-    call_of_start = call_of_start[~call_of_start.index.duplicated()]
-    return call_of_start.reindex(np.asarray(points) - 1).fillna(-1).to_numpy(np.int64)
+    call = launch_calls(g)[np.asarray(points) - 1]
+    return np.where(call >= 0, g.nodes.event[np.maximum(call, 0)], -1)
 
 
 def inside(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
@@ -576,7 +582,3 @@ def inside(g: ReplayGraph, ids: np.ndarray) -> np.ndarray:
     np.add.at(inside, stop + 1, -1)
     depth = np.cumsum(inside[:-1])
     return np.unique(n.event[(depth > 0) & host])
-
-
-# the earlier private names, while the transform modules move to the public ones
-_select, _member, _inside, _regex = select, member, inside, checked_pattern

@@ -205,6 +205,28 @@ class Trace:
             self.memo[key].load(*columns)
         return self.memo[key]
 
+    def arg_fields(self, ids: Any, keys: Iterable[str]) -> pd.DataFrame:
+        """Some fields of the args of the events ``ids`` as JSON text (None where absent),
+        one column per key, indexed by ``ids`` in their order: DuckDB extracts them, so a
+        caller that needs a few fields (``Input Dims``) of many events decodes only those,
+        and each distinct text once if it memoizes."""
+        import pyarrow as pa
+
+        keys = list(keys)
+        cols = ", ".join(
+            f"json_extract(e.args, '$.\"{k}\"')::varchar as c{i}" for i, k in enumerate(keys)
+        )
+        con = self.con
+        con.register("_xp_arg_ids", pa.table({"id": pa.array(ids, pa.int64())}))
+        try:
+            got = con.execute(f"select e.id, {cols} from events e join _xp_arg_ids i "
+                              "on e.id = i.id").fetchdf()  # fmt: skip
+        finally:
+            con.unregister("_xp_arg_ids")
+        got = got.drop_duplicates("id").set_index("id").reindex(ids)
+        got.columns = keys
+        return got.astype(object).where(got.notna(), None)
+
     def args(self, ids: list[int] | Any) -> dict[int, Any]:
         """The original args objects of the given event ids, decoded from their source text."""
         import pyarrow as pa

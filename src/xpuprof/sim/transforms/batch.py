@@ -292,26 +292,13 @@ def _calls(trace: Trace, ids: np.ndarray) -> list[Any]:
     """The recorded call (``Input Dims``, ``Input type``, ``Concrete Inputs``) of each event of
     ``ids``, in order: the three fields read by DuckDB, each distinct text decoded once (an
     op's repetitions share them; decoding every args object costs seconds on a large store)."""
-    import pyarrow as pa
-
     from xpuprof.core.raw import decode_json
     from xpuprof.costmodel.call import Call
 
-    con = trace.con
-    con.register("_xpuprof_batch_ids", pa.table({"id": pa.array(ids, pa.int64())}))
-    try:
-        got = con.execute(
-            """select e.id, json_extract(e.args, '$."Input Dims"')::varchar as d,
-               json_extract(e.args, '$."Input type"')::varchar as t,
-               json_extract(e.args, '$."Concrete Inputs"')::varchar as c
-               from events e join _xpuprof_batch_ids i on e.id = i.id"""
-        ).fetchdf()
-    finally:
-        con.unregister("_xpuprof_batch_ids")
-    got = got.drop_duplicates("id").set_index("id").reindex(ids)
+    got = trace.arg_fields(ids, ("Input Dims", "Input type", "Concrete Inputs"))
     memo: dict[tuple[Any, Any, Any], Any] = {}
     out = []
-    for key in zip(*(got[k].to_numpy(object).tolist() for k in ("d", "t", "c")), strict=True):
+    for key in zip(*(got[k].tolist() for k in got.columns), strict=True):
         if key not in memo:
             memo[key] = Call(*(decode_json(x) if isinstance(x, str) else None for x in key))
         out.append(memo[key])

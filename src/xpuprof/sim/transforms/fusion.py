@@ -254,7 +254,6 @@ def _spans(c: Change, t: EventTree) -> np.ndarray:
 
 def _op_frame(trace: Trace, t: EventTree, rows: np.ndarray, costs: RooflineCosts) -> pd.DataFrame:
     """The outermost ops in thread order, with their shapes, cost, class and device work."""
-    import pyarrow as pa
 
     from xpuprof.core.raw import decode_json
 
@@ -263,20 +262,10 @@ def _op_frame(trace: Trace, t: EventTree, rows: np.ndarray, costs: RooflineCosts
                       "name": np.asarray(t.names_of(rows), dtype=object), "flops": t.flops[rows],
                       "bytes": t.bytes[rows]})  # fmt: skip
     o = o.sort_values(["part", "pid", "tid", "ts", "row"], kind="stable", ignore_index=True)
-    con = trace.con
-    con.register("_xpuprof_fusion_ids", pa.table({"id": pa.array(o["id"].to_numpy(), pa.int64())}))
-    try:
-        got = con.execute(
-            """select e.id, json_extract(e.args, '$."Input Dims"')::varchar as dims,
-               json_extract(e.args, '$."Input type"')::varchar as types
-               from events e join _xpuprof_fusion_ids i on e.id = i.id"""
-        ).fetchdf()
-    finally:
-        con.unregister("_xpuprof_fusion_ids")
-    got = got.set_index("id").reindex(o["id"])
+    got = trace.arg_fields(o["id"].to_numpy(np.int64), ("Input Dims", "Input type"))
+    dims, types = got["Input Dims"].tolist(), got["Input type"].tolist()
     memo: dict[tuple[Any, Any, Any], _Shapes | None] = {}
     shapes = []
-    dims, types = got["dims"].to_numpy(object).tolist(), got["types"].to_numpy(object).tolist()
     for nm, d, ty in zip(o["name"].tolist(), dims, types, strict=True):
         key = (nm, d, ty)
         if key not in memo:

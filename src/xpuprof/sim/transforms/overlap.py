@@ -36,9 +36,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from xpuprof.core.errors import XpuprofError
-from xpuprof.sim.graph import DEVICE_END, DEVICE_START, HOST_START, LAUNCH
+from xpuprof.sim.graph import DEVICE_END, DEVICE_START, HOST_START
 from xpuprof.sim.graph import STREAM_WAIT_EVENT as WAIT
-from xpuprof.sim.whatif import Change, checked_pattern, ends_of, inside, member, select
+from xpuprof.sim.whatif import (
+    Change,
+    checked_pattern,
+    ends_of,
+    inside,
+    launch_calls,
+    member,
+    select,
+)
 
 if TYPE_CHECKING:
     from xpuprof.sim.graph import ReplayGraph
@@ -120,7 +128,7 @@ def _step_end_consumers(ctx: Context, waits: np.ndarray) -> np.ndarray:
     collective's launch lies in no step)."""
     g = ctx.graph
     n, e = g.nodes, g.edges
-    call = _launch_calls(g)
+    call = launch_calls(g)
     # when each node's work was launched (its own time for work without a launch)
     launched_at = np.where(call >= 0, n.time[np.maximum(call, 0)], n.time)
     steps = ctx.names.frame(("step",))["id"].to_numpy()
@@ -140,21 +148,12 @@ def _step_end_consumers(ctx: Context, waits: np.ndarray) -> np.ndarray:
     return out
 
 
-def _launch_calls(g: ReplayGraph) -> np.ndarray:
-    """Per node: the start point of the host call that launched its work (-1: none)."""
-    e = g.edges
-    launch = np.flatnonzero(e.kind == LAUNCH)
-    out = np.full(len(g.nodes), -1, np.int64)
-    out[e.dst[launch]] = e.src[launch]
-    return out
-
-
 def _until_consumers(ctx: Context, waits: np.ndarray, region: np.ndarray) -> np.ndarray:
     """Per wait edge: the first work on its waiting stream after the original target launched
     by a host call inside ``region`` (host event ids; -1: none)."""
     g = ctx.graph
     n, e = g.nodes, g.edges
-    call = _launch_calls(g)
+    call = launch_calls(g)
     launched_in = (call >= 0) & member(n.event[np.maximum(call, 0)], region)
     return np.array([_first_after(g, int(e.dst[w]), launched_in) for w in waits.tolist()],
                     np.int64)  # fmt: skip
