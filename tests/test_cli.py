@@ -130,6 +130,20 @@ def test_errors_exit_2_with_one_line(tmp_path, store) -> None:
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
 
 
+def test_every_tools_help_prints_its_options_whole() -> None:
+    """Each tool's --help renders (Rich reads ``[…]`` as markup: a help text with ``[/X]``
+    fails, one with ``[@X]`` loses it) and shows every option's help text, words intact."""
+    for tool in tools.TOOLS:
+        proc = invoke(tool.name, "--help")
+        assert proc.exit_code == 0, (tool.name, proc.output)
+        shown = " ".join(proc.stdout.replace("│", " ").split())
+        for o in tool.served():
+            words = " ".join(o.help.split())
+            assert words[:60] in shown, (tool.name, o.name)
+    shown = " ".join(invoke("whatif", "--help").stdout.replace("│", " ").split())
+    assert "no-sync[:REGEX] (and @REGION)" in shown and "(and @UNTIL)" in shown
+
+
 def test_formats_are_listed_from_the_reader_registry() -> None:
     names = [n for n, _, _ in tools.input_formats()]
     assert {"kineto", "xplane"} <= set(names)

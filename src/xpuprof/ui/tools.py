@@ -711,11 +711,15 @@ TOOLS: tuple[Tool, ...] = (
     Tool("whatif", "xpuprof.ui.tools:whatif",
          "Predict what a change is worth: replay the trace with it and compare with the "
          "measured replay (step time, speedup, critical-path shift; docs/whatif.md).",
-         options=(Option("change", "A change: scale:SELECTOR=FACTOR, host-gaps=FACTOR, "
-                                   "no-sync[:REGEX], cuda-graphs[:REGEX], "
-                                   "no-input-wait[:REGEX], dataloader-workers=N, "
-                                   "device=KEY, collective:K=V,…; repeat it or separate by "
-                                   "';' (docs/whatif.md).",
+         options=(Option("change", "A change: scale:SELECTOR=FACTOR (SELECTOR may end in "
+                                   "/REGEX and @REGION), host-gaps=FACTOR, "
+                                   "no-sync[:REGEX] (and @REGION), "
+                                   "cuda-graphs[:REGEX], no-input-wait[:REGEX], "
+                                   "dataloader-workers=N, overlap-collective[:REGEX] (and "
+                                   "@UNTIL), "
+                                   "fuse-elementwise[:REGEX], fuse:REGEX, batch=FACTOR, "
+                                   "threads=N, dtype=bf16, device=KEY, collective:K=V,…; "
+                                   "repeat it or separate by ';' (docs/whatif.md).",
                          type=list[str]),)),
     Tool("diff", "xpuprof.analysis.diff:diff",
          "The step-time delta between two traces split into where the time goes, then the "
