@@ -308,3 +308,19 @@ def test_without_steps_the_span_is_compared(tmp_path):
         assert w.result().facts["headline"].startswith("scale:kernel=2: span (no profiler")
         with pytest.raises(XpuprofError, match="the trace has no collective events"):
             whatif(t, ["collective:algorithm=tree"])
+
+
+def test_host_gaps_leave_a_step_that_only_waits_for_another_thread(tmp_path):
+    """As in the shared gloo trace: the step span 0–100 µs holds nothing on its own thread,
+    while a ``gloo:all_reduce`` annotation runs 5–95 µs on another thread. Its 100 µs are not
+    Python between ops: ``host-gaps=0`` leaves the step at 100 µs. A second step 200–300 µs
+    with an op 210–240 µs on its thread shrinks to the op's 30 µs."""
+    tb = TraceBuilder(rank=0)
+    tb.step(0, ts=0, dur=100)
+    tb.annotation("gloo:all_reduce", 5, 90, tid=2)
+    tb.step(1, ts=200, dur=100)
+    tb.op("aten::mm", 210, 30)
+    with tb.load(tmp_path) as t:
+        w = whatif(t, ["host-gaps=0"])
+        assert (w.steps["predicted_ns"] / US).tolist() == [100, 30]
+        assert "1 step spans with nothing recorded inside them" in w.notes[0]

@@ -394,9 +394,18 @@ def _apply(c: Change, g: ReplayGraph, events: _Names, delay: np.ndarray,
         # host time in no op or runtime call: between top-level events, or inside a step
         # span but outside its ops (Python, the optimizer loop, dispatch)
         steps = events.frame(("step",))["id"].to_numpy()
+        # a step span whose thread ran no recorded event inside it (its end point right after
+        # its start) was waiting on something unrecorded (gloo's thread), not running Python
+        n = g.nodes
+        s_node = np.flatnonzero((n.kind == 0) & member(n.event, steps))
+        empty = n.event[s_node[ends_of(g, n.event[s_node]) == s_node + 1]]
+        steps = np.setdiff1d(steps, empty)
         pick = (e.kind == HOST_GAP) | ((e.kind == HOST_WORK) & member(e.event, steps))
         delay[pick] = np.rint(delay[pick] * c.factor).astype(np.int64)
-        return f"{c.text}: {int(pick.sum()):,} stretches of host time outside ops scaled"
+        return (f"{c.text}: {int(pick.sum()):,} stretches of host time outside ops scaled"
+                + (f"; {len(empty):,} step spans with nothing recorded inside them on "
+                   "their thread left as they are (waiting, not Python)" if len(empty)
+                   else ""))  # fmt: skip
     if c.verb == "no-sync":
         pick = e.kind == SYNC
         if c.pattern or c.options:
