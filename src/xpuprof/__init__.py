@@ -23,6 +23,7 @@ _LAZY = {
     "annotate": ("xpuprof.capture.annotate", "annotate"),
     "step": ("xpuprof.live.profile", "step"),
     "profile": ("xpuprof.live.profile", "profile"),
+    "leveled": ("xpuprof.live.leveled", "leveled"),
     "serve": ("xpuprof.live.remote", "serve"),
     "TraceFormatError": ("xpuprof.core.errors", "TraceFormatError"),
     "StoreError": ("xpuprof.core.errors", "StoreError"),

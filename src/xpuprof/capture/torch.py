@@ -348,8 +348,12 @@ class TorchProfiler:
         with_stack: bool = False,
         budget_ns: int | None = None,
         layers: LayerSpans | None = None,
+        kernels: bool = True,
     ) -> None:
         self.workdir = Path(workdir)
+        #: Record device activity (kernels, copies) when a GPU is in use; False: host ops only
+        #: (the leveled op level, whose numbers must not carry CUPTI's cost).
+        self.kernels = kernels
         self.layers = layers
         #: Layer spans written into the segments' files, and markers that could not be.
         self.layer_spans = 0
@@ -374,7 +378,7 @@ class TorchProfiler:
     def start(self) -> str:
         """Start recording; returns what records (for the store's meta)."""
         torch = require_torch()
-        self._device = "cuda" if torch.cuda.is_available() else None
+        self._device = "cuda" if self.kernels and torch.cuda.is_available() else None
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._begin()
         return f"torch.profiler {torch.__version__} CPU" + ("+CUDA" if self._device else "")

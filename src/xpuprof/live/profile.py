@@ -40,6 +40,15 @@ from xpuprof.live.assemble import Halted, finish
 
 CAPTURE_LEVELS = ("step", "layer", "op", "full")
 
+#: The environment through which ``xpuprof leveled`` reruns a script once per level: the
+#: leveled level (below) and the store that level's run writes.
+LEVEL_ENV = "XPUPROF_LEVEL"
+OUT_ENV = "XPUPROF_OUT"
+#: Each leveled level as (capture level, record device activity): the model level records the
+#: steps only; ops are recorded without CUPTI, kernels with it (on a GPU).
+LEVELED = {"model": ("step", False), "layer": ("layer", False), "op": ("op", False),
+           "kernel": ("op", True)}  # fmt: skip
+
 #: The capture that ``xpuprof.step`` drives, if any.
 _ACTIVE: Profile | None = None
 #: A pending on-demand capture request (``live/remote.py``), served at the next step.
@@ -89,7 +98,12 @@ class Profile:
     removed afterwards, by default; a given one is the caller's to remove). ``segment_ms``:
     restart torch's profiler at step boundaries so that stopping it never stalls the job much
     longer than this (:class:`~xpuprof.capture.torch.TorchProfiler`; the remote capture uses
-    it); None records in one piece.
+    it); None records in one piece. ``kernels``: record device activity (kernels, copies) on a
+    GPU at levels ``op``/``full``; False records host ops only.
+
+    Set in the environment, ``XPUPROF_LEVEL`` (model, layer, op, kernel) and ``XPUPROF_OUT``
+    replace the level and the store: ``xpuprof leveled`` reruns a script once per level that
+    way (``docs/leveled.md``).
     """
 
     def __init__(
@@ -110,7 +124,12 @@ class Profile:
         backward_layers: bool = False,
         workdir: str | Path | None = None,
         segment_ms: float | None = None,
+        kernels: bool = True,
     ) -> None:
+        self.leveled: str | None = None
+        override = os.environ.get(LEVEL_ENV, "").strip()
+        if override:  # ``xpuprof leveled`` reruns the script once per level (live/leveled.py)
+            level, kernels, out = self._leveled(override, model, out)
         if level not in CAPTURE_LEVELS:
             raise XpuprofError(f"unknown capture level {level!r}; levels: {CAPTURE_LEVELS}")
         if level == "layer" and model is None:
@@ -134,6 +153,7 @@ class Profile:
         self.backward_layers = backward_layers
         self.workdir = Path(workdir) if workdir is not None else None
         self.segment_ms = segment_ms
+        self.kernels = kernels
         self.report: Any = None
         self._step = 0
         self._recording = False
@@ -146,6 +166,20 @@ class Profile:
         self._work: Path | None = None
         self._own_work = False
         self._settings: dict[str, Any] = {}
+
+    def _leveled(self, override: str, model: Any, out: Any) -> tuple[str, bool, Any]:
+        """The capture ``xpuprof leveled`` asks for through :data:`LEVEL_ENV` and
+        :data:`OUT_ENV`: the level's capture settings and its store, whatever the script says
+        (a layer level without ``model=`` falls back to steps only, and says so)."""
+        if override not in LEVELED:
+            raise XpuprofError(f"{LEVEL_ENV}={override!r}: not a leveled level; levels: "
+                               f"{', '.join(LEVELED)}")  # fmt: skip
+        self.leveled = override
+        level, kernels = LEVELED[override]
+        if level == "layer" and model is None:
+            level, self.leveled = "step", "layer-without-model"
+        target = os.environ.get(OUT_ENV, "").strip()
+        return level, kernels, Path(target) if target else out
 
     # -- which framework ---------------------------------------------------------------------
 
@@ -174,7 +208,10 @@ class Profile:
             "profile_memory": self.profile_memory,
             "with_stack": self.with_stack,
             "started_unix_ns": time.time_ns(),
+            "kernels": self.kernels,
         }
+        if self.leveled is not None:
+            self._settings["leveled"] = self.leveled
         if self.workdir is not None:
             self._work, self._own_work = self.workdir, False
             self._work.mkdir(parents=True, exist_ok=True)
@@ -228,6 +265,7 @@ class Profile:
             with_stack=self.with_stack,
             budget_ns=budget,
             layers=self._layers,
+            kernels=self.kernels,
         )
         self._settings["profiler"] = self._torch.start()
         if self._layers is not None:
@@ -435,6 +473,7 @@ class Profile:
                 backward_layers=self.backward_layers,
                 workdir=self.workdir,
                 segment_ms=self.segment_ms,
+                kernels=self.kernels,
             ):
                 return fn(*args, **kwargs)
 

@@ -359,6 +359,46 @@ def capture(
     show("info", [store], {}, as_json)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def leveled(
+    ctx: typer.Context,
+    output: Path = typer.Option(
+        None, "-o", "--out", help="Folder for the level stores, merged.store and leveled.json "
+        "(default: a new temporary folder; an earlier leveled folder is replaced)."),
+    levels: str = typer.Option("model,layer,op,kernel", "--levels",
+                               help="Levels to measure, shallowest first (kernel needs a GPU)."),
+    target: str = typer.Option("2", "--target", help="Rerun a level while the 95 %% "
+                               "interval of its median step is wider than ± this %%."),
+    max_runs: int = typer.Option(3, "--max-runs", help="Most runs of the script per level."),
+    settle: int = typer.Option(1, "--settle", help="Steps of each run not counted."),
+    timeout: str = typer.Option(None, "--timeout", help="Stop a run after this (e.g. 10m)."),
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """Measure a script level by level (model; + layers; + ops; + kernels), each level in its
+    own run, and merge the runs: xpuprof leveled -- python train.py ARGS.
+
+    The script runs its steps inside xpuprof.profile(model=net) and marks them with
+    xpuprof.step(i); XPUPROF_LEVEL and XPUPROF_OUT tell it which level to record where."""
+    try:
+        seconds = _seconds(timeout) if timeout else None
+
+        def progress(level: str, steps: int, median_ns: float, width: float) -> None:
+            if not as_json:
+                err.print(f"{level}: {steps} steps, median {median_ns / 1e6:.3f} ms, "
+                          f"±{100 * width:.1f} %", highlight=False)  # fmt: skip
+
+        answer = tools.leveled(list(ctx.args), levels=levels, out=output, target=target,
+                               max_runs=max_runs, settle=settle, timeout=seconds,
+                               progress=progress)  # fmt: skip
+    except XpuprofError as e:
+        _fail(e)
+    if as_json:
+        render.print_json(answer.to_dict())
+    else:
+        render.result(answer, out, limit, "--limit N or --json for all", wide=_WIDE["on"])
+
+
 #: The file that marks a store as the demo's own, which a later demo run may replace.
 DEMO_MARK = ".xpuprof-demo"
 

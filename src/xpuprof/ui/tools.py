@@ -18,6 +18,7 @@ names; split, a front end would have to look for a tool in several modules.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -540,6 +541,41 @@ def write_report(
 
     kw = _call(get("overview"), (trace,), {"ranks": ranks, "steps": steps})
     return write(trace, Path(out), **kw, predict=predict)
+
+
+def parse_levels(text: str | None) -> list[str]:
+    """``model,layer,op`` → the leveled levels (all when None or empty)."""
+    from xpuprof.live.leveled import LEVELS
+
+    if not text:
+        return list(LEVELS)
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def parse_percent(text: str | float, what: str) -> float:
+    """``2``, ``2%`` or ``0.5 %`` → a fraction (0.02), finite and more than 0."""
+    try:
+        v = float(str(text).strip().rstrip("%").strip())
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise XpuprofError(f"{what} {text!r}: not a percentage > 0 (e.g. 2 or 2%)")
+    return v / 100
+
+
+def leveled(argv: list[str], *, levels: str | None = None, out: str | Path | None = None,
+            target: str | float = 2, max_runs: int = 3, settle: int = 1,
+            timeout: float | None = None, progress: Callable[..., None] | None = None,
+            ) -> Result:  # fmt: skip
+    """``xpuprof leveled -- CMD``: the script measured level by level, merged
+    (:func:`xpuprof.live.leveled.leveled_script`); its Result."""
+    from xpuprof.live.leveled import leveled_script
+
+    if max_runs < 1 or settle < 0:
+        raise XpuprofError(f"--max-runs must be ≥ 1 and --settle ≥ 0, got {max_runs}, {settle}")
+    return leveled_script(argv, parse_levels(levels), out=out,
+                          target=parse_percent(target, "--target"), max_runs=max_runs,
+                          settle=settle, timeout=timeout, progress=progress).result()  # fmt: skip
 
 
 def serve_ui(root: str | Path, *, host: str = "127.0.0.1", port: int = 8765,
