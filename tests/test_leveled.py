@@ -176,31 +176,42 @@ def _median_ns(fn, n: int) -> tuple[float, float, float]:
 def test_leveled_real_training_step(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
     from xpuprof.live.leveled import leveled
-    from xpuprof.workloads.demo import Trainer
+
+    # many small modules: each module call costs the layer level a hook (~2.5 µs), so its
+    # overhead stands above this machine's noise, as the op level's does
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
+                                for _ in range(48)])  # fmt: skip
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    x, y = torch.randn(4, 16), torch.randn(4, 16)
+
+    def step() -> None:
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        tr = Trainer(batch=2, seq=16, layers=2, d=32)
         # the modules whose forward runs, found by hooks of the test's own
         called: set[str] = set()
         hooks = [m.register_forward_pre_hook(lambda _m, _i, n=n: called.add(n))
-                 for n, m in tr.model.named_modules()]  # fmt: skip
-        tr.step()
+                 for n, m in net.named_modules()]  # fmt: skip
+        step()
         for h in hooks:
             h.remove()
-        before = _median_ns(tr.step, 30)
-        res = leveled(tr.step, ("model", "layer", "op"), model=tr.model, out=tmp_path / "lv",
+        before = _median_ns(step, 30)
+        res = leveled(step, ("model", "layer", "op"), model=net, out=tmp_path / "lv",
                       min_steps=10, max_steps=40)  # fmt: skip
-        after = _median_ns(tr.step, 30)
+        after = _median_ns(step, 30)
     finally:
         torch.set_num_threads(threads)
     lv = res.levels.set_index("level")
     assert list(lv.index) == ["model", "layer", "op"]
-    # ordered overheads: the op level (torch.profiler) costs far more than the noise here;
-    # layer spans cost little, so "not below the model level" is judged on the intervals
-    assert lv.at["op", "median_ms"] > lv.at["model", "ci_high_ms"]
-    assert lv.at["layer", "ci_high_ms"] >= lv.at["model", "ci_low_ms"]
+    # ordered overheads, each level's median above the shallower level's interval
+    assert lv.at["layer", "median_ms"] > lv.at["model", "ci_high_ms"]
+    assert lv.at["op", "median_ms"] > lv.at["layer", "ci_high_ms"]
     # the model level agrees with an unprofiled loop timed here just before and just after:
     # its median lies between theirs, within 10 % (a shared 2-core machine drifts by that
     # much between loops; the 1 % target is the benchmark's, measured interleaved); the op
@@ -209,7 +220,7 @@ def test_leveled_real_training_step(tmp_path: Path) -> None:
     assert low <= lv.at["model", "median_ms"] * 1e6 <= high, (before, after)
     # every module whose forward ran is a layer of the merged tree, timed by the layer run
     layers = res.tree[res.tree["level"] == "layer"]
-    root = type(tr.model).__name__
+    root = type(net).__name__
     assert {n if n else root for n in called} == set(layers["name"])
     assert set(layers["timed_by"]) == {"layer"}
     # the step in the merged store is the model level's time

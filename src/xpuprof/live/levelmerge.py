@@ -348,8 +348,8 @@ def _tree(skeleton: Any, runs: list[LevelRun],
                  "runtime": "kernel", "kernel": "kernel", "memcpy": "kernel",
                  "memset": "kernel"}  # fmt: skip
     order = list(LEVELS)
-    cols = [skeleton[c] for c in ("key", "parent_key", "level", "name")]
-    for k, parent, level, name in zip(*cols, strict=True):
+    cols = [skeleton[c] for c in ("key", "parent_key", "level", "name", "args")]
+    for k, parent, level, name, args in zip(*cols, strict=True):
         j = next(j for j, st in enumerate(stats) if k in st)
         mean, half, n, calls = stats[j][k]
         expected = own_level.get(level)  # annotations: torch's exist only under its profiler
@@ -363,13 +363,23 @@ def _tree(skeleton: Any, runs: list[LevelRun],
         rows.append({"key": k, "parent": parent, "depth": k.count(SEP), "level": level,
                      "name": "step" if k == "step" else name, "timed_by": runs[j].level,
                      "time_ns": mean, "ci_ns": half, "steps": n, "calls": calls,
-                     "deepest_ns": d})  # fmt: skip
+                     "deepest_ns": d, "type": _module_type(level, args)})  # fmt: skip
     t = pd.DataFrame(rows)
     t["time_ms"] = t["time_ns"] / 1e6
     t["ci_pct"] = 100 * t["ci_ns"] / t["time_ns"]
     t["deepest_ms"] = t["deepest_ns"] / 1e6
     t["distortion_pct"] = 100 * (t["deepest_ns"] / t["time_ns"] - 1)
     return _depth_first(t), unmatched
+
+
+def _module_type(level: str, args: Any) -> str | None:
+    """A layer's module class (its span's ``module`` arg); None for other units."""
+    if level != "layer" or not isinstance(args, str):
+        return None
+    from xpuprof.core.raw import decode_json
+
+    got = decode_json(args, default={})
+    return got.get("module") if isinstance(got, dict) else None
 
 
 def _depth_first(t: Any) -> Any:

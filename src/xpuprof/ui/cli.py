@@ -399,6 +399,62 @@ def leveled(
         render.result(answer, out, limit, "--limit N or --json for all", wide=_WIDE["on"])
 
 
+@app.command()
+def sweep(
+    output: Path = typer.Option(..., "-o", "--out", help="Folder for every configuration's "
+                                "stores, summary.parquet, sweep.json and report.html."),
+    models: str = typer.Option(None, "--models", help="Comma-separated: built-ins (mlp, "
+                               "resnet, encoder, gpt, lstm, recommender; default: all) or "
+                               "torchvision:NAME, timm:NAME, hf:NAME."),
+    batches: str = typer.Option("4,8,16", "--batch", help="Batch sizes, e.g. 4,8,16 or 1-4."),
+    dtypes: str = typer.Option("fp32", "--dtype", help="fp32, bf16, fp16 (comma-separated)."),
+    levels: str = typer.Option("model,layer,op,kernel", "--levels",
+                               help="Levels to measure (kernel needs a GPU)."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    target: str = typer.Option("2", "--target", help="Stop a level once the 95 %% interval "
+                               "of its median step is within ± this %%."),
+    max_steps: int = typer.Option(40, "--max-steps", help="Most measured steps per level."),
+    threads: int = typer.Option(None, "--threads", help="torch.set_num_threads (default: "
+                                "torch's)."),
+    timeout: str = typer.Option("10m", "--timeout", help="Stop a configuration after this."),
+    report_path: Path = typer.Option(None, "--report", help="The HTML report to write "
+                                     "(default: report.html in --out)."),
+    as_json: bool = _JSON,
+    limit: int = _LIMIT,
+) -> None:
+    """Measure models × batch sizes × dtypes, each level by level in its own process, and
+    write the summary table and an HTML report (latency, throughput, layer types, top ops,
+    roofline, memory, findings per model)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    try:
+        seconds = _seconds(timeout) if timeout else None
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
+                "{task.completed}/{task.total}"), TimeElapsedColumn(), console=err,
+                disable=as_json, transient=True) as bar:  # fmt: skip
+            task = bar.add_task("sweep", total=None)
+
+            def progress(done: int, total: int, row: dict[str, Any]) -> None:
+                what = f"{row['model']} b{row['batch']} {row['dtype']}: {row['status']}"
+                bar.update(task, completed=done, total=total, description=escape(what))
+
+            answer = tools.sweep(models, batches, dtypes, out=output, levels=levels,
+                                 target=target, max_steps=max_steps, timeout=seconds,
+                                 threads=threads, device=device, report=report_path,
+                                 progress=progress)  # fmt: skip
+    except XpuprofError as e:
+        _fail(e)
+    if as_json:
+        render.print_json(answer.to_dict())
+        return
+    shown = Result(tables={"summary": answer.tables["summary"]}, notes=answer.notes,
+                   facts={"headline": answer.facts["headline"]}, present=answer.present)
+    render.result(shown, out, limit, "--limit N or --json for all", wide=_WIDE["on"])
+    out.print(f"The report is {escape(str(answer.facts['report']))}; the tables are in "
+              f"{escape(str(output))}/sweep.json and summary.parquet", highlight=False,
+              soft_wrap=True)  # fmt: skip
+
+
 #: The file that marks a store as the demo's own, which a later demo run may replace.
 DEMO_MARK = ".xpuprof-demo"
 

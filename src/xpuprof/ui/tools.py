@@ -578,6 +578,34 @@ def leveled(argv: list[str], *, levels: str | None = None, out: str | Path | Non
                           settle=settle, timeout=timeout, progress=progress).result()  # fmt: skip
 
 
+def sweep(models: str | None, batches: str, dtypes: str = "fp32", *, out: str | Path,
+          levels: str | None = None, target: str | float = 2, max_steps: int = 40,
+          timeout: float | None = 600, threads: int | None = None, device: str = "cpu",
+          report: str | Path | None = None,
+          progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+          ) -> Result:  # fmt: skip
+    """``xpuprof sweep``: every configuration measured leveled
+    (:func:`xpuprof.live.sweep.sweep`), its Result, and the HTML report written (default
+    ``OUT/report.html``; its path is the fact ``report``)."""
+    from xpuprof.live.sweep import sweep as run_sweep
+    from xpuprof.ui.sweep_report import write_sweep_report
+    from xpuprof.workloads.models import BUILTIN
+
+    names = [m.strip() for m in (models or ",".join(BUILTIN)).split(",") if m.strip()]
+    sizes = parse_numbers(batches)
+    kinds = [d.strip() for d in dtypes.split(",") if d.strip()]
+    if max_steps < 2:
+        raise XpuprofError(f"--max-steps must be ≥ 2, got {max_steps}")
+    page = Path(report) if report else Path(out) / "report.html"
+    res = run_sweep(names, sizes, kinds, out=out, levels=parse_levels(levels),
+                    device=device, target=parse_percent(target, "--target"),
+                    min_steps=min(10, max_steps), max_steps=max_steps, timeout=timeout,
+                    threads=threads, progress=progress)  # fmt: skip
+    written = write_sweep_report(res, page)
+    res.facts["report"] = written["path"]
+    return res
+
+
 def serve_ui(root: str | Path, *, host: str = "127.0.0.1", port: int = 8765,
              token: str | None = None) -> None:  # fmt: skip
     """Serve the web UI over a store or a directory of stores (:mod:`xpuprof.ui.web`)."""
