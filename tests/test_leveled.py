@@ -161,6 +161,54 @@ def test_merge_times_each_unit_by_its_own_level(tmp_path: Path) -> None:
     assert steps["step_ns"].iat[0] == 1_000_000
 
 
+def test_merge_kernel_level_on_gpu_shaped_stores(tmp_path: Path) -> None:
+    """A kernel run (op → launch call → kernel on stream 7), an op run without device
+    activity and a model run, in µs: the kernel is timed by the kernel run and keeps its
+    queueing after its launch call, the op by the op run."""
+    model, op, kern = TraceBuilder(), TraceBuilder(), TraceBuilder()
+    for n in range(3):
+        t0 = n * 2000
+        model.step(n, ts=t0, dur=800)
+        op.step(n, ts=t0, dur=900)
+        op.op("aten::mm", t0 + 100, 250)
+        kern.step(n, ts=t0, dur=1000)
+        kern.op("aten::mm", t0 + 100, 300)
+        kern.launch("gemm", t0 + 200, 300, launch_ts=t0 + 150, launch_dur=10)
+    runs = []
+    for level, tb, us in (("model", model, 800), ("op", op, 900), ("kernel", kern, 1000)):
+        store = tb.store(tmp_path / "runs", name=level)
+        runs.append(LevelRun(level, [store], [(0, 1, us * 1000), (0, 2, us * 1000)]))
+    out = tmp_path / "out"
+    out.mkdir()
+    res = merge(runs, out)
+    tree = res.tree.set_index("key")
+    mm = "step › aten::mm#0"
+    call = f"{mm} › cudaLaunchKernel#0"
+    gemm = f"{call} › gemm#0"
+    assert tree.at[mm, "timed_by"] == "op" and tree.at[mm, "time_ns"] == 250_000
+    assert tree.at[call, "timed_by"] == "kernel" and tree.at[gemm, "timed_by"] == "kernel"
+    assert tree.at[gemm, "time_ns"] == 300_000
+    assert list(res.levels["level"]) == ["model", "op", "kernel"]
+    # by hand: the step 800; mm (250) gets 550 of spare time as the kernel run's gaps (100
+    # before, 600 after): mm at 550 * 100/700; the call (10) inside mm's 250 at 240 * 50/290
+    # after mm's start; the kernel 50 µs after its call, 300 long
+    mm_at = 550 * 100 / 700
+    call_at = mm_at + 240 * 50 / 290
+    with xpuprof.load(res.merged) as m:
+        ev = m.sql("select name, level, ts, dur from events where dur is not null order by ts")
+        t0 = ev["ts"].min()
+        got = {n: ((ts - t0) / 1e3, d / 1e3) for n, ts, d in
+               zip(ev["name"], ev["ts"], ev["dur"], strict=True)}  # fmt: skip
+        from xpuprof.ui import tools
+
+        kernels = tools.run("overview", m).tables["top_kernels"]
+    assert got["aten::mm"][0] == pytest.approx(mm_at, abs=0.002)
+    assert got["cudaLaunchKernel"][0] == pytest.approx(call_at, abs=0.002)
+    assert got["gemm"] == (pytest.approx(call_at + 50, abs=0.002), 300)
+    # the kernel still belongs to its launch in the merged store
+    assert list(kernels["kernel"]) == ["gemm"]
+
+
 # -- real runs ---------------------------------------------------------------------------------
 
 
