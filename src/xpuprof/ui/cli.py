@@ -359,7 +359,8 @@ def capture(
     show("info", [store], {}, as_json)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             options_metavar="[OPTIONS] -- COMMAND [ARGS]...")
 def leveled(
     ctx: typer.Context,
     output: Path = typer.Option(
@@ -367,8 +368,8 @@ def leveled(
         "(default: a new temporary folder; an earlier leveled folder is replaced)."),
     levels: str = typer.Option("model,layer,op,kernel", "--levels",
                                help="Levels to measure, shallowest first (kernel needs a GPU)."),
-    target: str = typer.Option("2", "--target", help="Rerun a level while the 95 %% "
-                               "interval of its median step is wider than ± this %%."),
+    target: str = typer.Option("2", "--target", help="Rerun a level while the 95 % "
+                               "interval of its median step is wider than ± this %."),
     max_runs: int = typer.Option(3, "--max-runs", help="Most runs of the script per level."),
     settle: int = typer.Option(1, "--settle", help="Steps of each run not counted."),
     timeout: str = typer.Option(None, "--timeout", help="Stop a run after this (e.g. 10m)."),
@@ -376,10 +377,9 @@ def leveled(
     limit: int = _LIMIT,
 ) -> None:
     """Measure a script level by level (model; + layers; + ops; + kernels), each level in its
-    own run, and merge the runs: xpuprof leveled -- python train.py ARGS.
-
-    The script runs its steps inside xpuprof.profile(model=net) and marks them with
-    xpuprof.step(i); XPUPROF_LEVEL and XPUPROF_OUT tell it which level to record where."""
+    own run, and merge the runs: xpuprof leveled -- python train.py ARGS. The script runs its
+    steps inside xpuprof.profile(model=net) and marks them with xpuprof.step(i);
+    XPUPROF_LEVEL and XPUPROF_OUT tell it which level to record where (docs/leveled.md)."""
     try:
         seconds = _seconds(timeout) if timeout else None
 
@@ -411,8 +411,8 @@ def sweep(
     levels: str = typer.Option("model,layer,op,kernel", "--levels",
                                help="Levels to measure (kernel needs a GPU)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    target: str = typer.Option("2", "--target", help="Stop a level once the 95 %% interval "
-                               "of its median step is within ± this %%."),
+    target: str = typer.Option("2", "--target", help="Stop a level once the 95 % interval "
+                               "of its median step is within ± this %."),
     max_steps: int = typer.Option(40, "--max-steps", help="Most measured steps per level."),
     threads: int = typer.Option(None, "--threads", help="torch.set_num_threads (default: "
                                 "torch's)."),
