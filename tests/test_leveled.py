@@ -366,3 +366,19 @@ def test_bad_arguments(tmp_path: Path) -> None:
     assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
     p = _cli("leveled", "--target", "0", "--", "true", cwd=tmp_path)
     assert p.returncode == 2 and "--target" in p.stderr
+
+
+def test_headline_tells_overheads_inside_the_noise() -> None:
+    import pandas as pd
+
+    from xpuprof.live.levelmerge import Leveled
+
+    def row(level: str, lo: float, med: float, hi: float, over: float) -> dict:
+        return {"level": level, "steps": 20, "median_ms": med, "ci_low_ms": lo,
+                "ci_high_ms": hi, "ci_pct": 2.0, "overhead_pct": over}  # fmt: skip
+
+    lv = pd.DataFrame([row("model", 9.8, 10.0, 10.2, 0.0), row("layer", 9.9, 10.1, 10.3, 1.0),
+                       row("op", 11.8, 12.0, 12.2, 20.0)])  # fmt: skip
+    text = Leveled(Path("x"), [], lv, None, Path("m.store"), [], {}).headline()
+    assert text.startswith("Step 10 ms at the model level (median of 20 steps, ±2.0 %)")
+    assert "layer +1.0 % (within the intervals)" in text and "op +20.0 %;" in text

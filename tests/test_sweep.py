@@ -63,9 +63,11 @@ def test_sweep_numbers_match_direct_measurement(small_sweep) -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from xpuprof.live.sweep import folder_name
     from xpuprof.workloads.models import build
 
     res, out, _, direct = small_sweep
+    assert res.facts["out"] == str(out)
     s = res.tables["summary"].set_index("model")
     row = s.loc["mlp"]
     assert row["status"] == "ok"
@@ -86,14 +88,14 @@ def test_sweep_numbers_match_direct_measurement(small_sweep) -> None:
     # FLOPs per step from the recorded shapes: torch counts the GEMMs (forward and backward);
     # ours adds the elementwise ops and the optimizer (a few FLOPs per parameter)
     gemm = fc.get_total_flops()
-    assert gemm <= row["flops_per_step"] <= gemm + 20 * row["params"]
+    assert gemm <= row["work_flops"] <= gemm + 20 * row["params"]
     # the layer types of the layer run are the leaf modules' classes of the model itself
     leaves = {type(m).__name__ for _, m in w.model.named_modules() if not list(m.children())}
     types = res.tables["layer_types"]
     got = set(types.loc[types["model"] == "mlp", "type"])
     assert {t for t in got if not t.startswith("(")} == leaves
     # the folder holds the leveled runs and the configuration's document
-    folder = Path(row["folder"])
+    folder = out / folder_name("mlp", 2, "fp32")
     assert (folder / "leveled" / "merged.store").is_dir()
     assert json.loads((folder / "config.json").read_text())["status"] == "ok"
 

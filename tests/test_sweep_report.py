@@ -31,16 +31,18 @@ CHART_IDS = ["latency", "throughput", "layer-shares", "roofline", "memory", "ove
 def config(model: str, batch: int, step_ms: float | None, **kw: Any) -> dict[str, Any]:
     """One summary row; throughput from the step time (batch / step), the rest given."""
     ok = step_ms is not None
+    rss = kw.pop("rss", None)  # MiB
     row = {"model": model, "batch": batch, "dtype": "float32",
            "status": "ok" if ok else "failed", "error": None if ok else kw.pop("error"),
            "step_ms": step_ms, "ci_pct": kw.pop("ci", None),
            "samples_per_s": batch / step_ms * 1000 if ok else None,
            "overhead_layer_pct": kw.pop("layer", None), "overhead_op_pct": kw.pop("op", None),
            "overhead_kernel_pct": None, "layer_sum_ms": kw.pop("layer_sum", None),
-           "params": kw.pop("params"), "peak_rss_mb": kw.pop("rss", None),
-           "flops_per_step": kw.pop("flops", None), "bytes_per_step": kw.pop("bytes", None),
-           "folder": f"/runs/{model}-b{batch}"}  # fmt: skip
-    f, b = row["flops_per_step"], row["bytes_per_step"]
+           "params": kw.pop("params"),
+           "peak_rss_bytes": None if rss is None else rss * 2**20,
+           "work_flops": kw.pop("flops", None), "traffic_bytes": kw.pop("bytes", None),
+           "folder": f"{model}-b{batch}"}  # fmt: skip
+    f, b = row["work_flops"], row["traffic_bytes"]
     row["intensity"] = f / b if f and b else None
     row["achieved_gflops"] = f / (step_ms * 1e-3) / 1e9 if f and ok else None
     assert not kw, kw

@@ -159,8 +159,14 @@ class Leveled:
         first = lv.iloc[0]
         text = (f"Step {first['median_ms']:.3g} ms at the {first['level']} level "
                 f"(median of {first['steps']} steps, ±{first['ci_pct']:.1f} %)")  # fmt: skip
-        more = [f"{r.level} {r.overhead_pct:+.1f} %" for r in lv.iloc[1:].itertuples()
-                if r.overhead_pct == r.overhead_pct and r.overhead_pct is not None]  # fmt: skip
+        more = []
+        for r in lv.iloc[1:].itertuples():
+            if r.overhead_pct is None or r.overhead_pct != r.overhead_pct:
+                continue
+            # an overhead whose interval overlaps the first level's is not told from noise
+            noise = r.ci_low_ms <= first["ci_high_ms"] and first["ci_low_ms"] <= r.ci_high_ms
+            more.append(f"{r.level} {r.overhead_pct:+.1f} %" + (" (within the intervals)"
+                                                                   if noise else ""))  # fmt: skip
         if more:
             text += "; profiling overhead " + ", ".join(more)
         return text + f"; merged across-stack store {self.merged}"

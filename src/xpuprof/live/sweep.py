@@ -46,11 +46,13 @@ from xpuprof.core.errors import XpuprofError
 TOP = 10
 #: Steps of the shapes run (FLOPs and bytes per step).
 SHAPE_STEPS = 3
-SUMMARY_COLUMNS = ("model", "batch", "dtype", "status", "error", "seconds", "step_ms", "ci_pct",
-                   "samples_per_s", "overhead_layer_pct", "overhead_op_pct",
-                   "overhead_kernel_pct", "layer_sum_ms", "params", "peak_rss_mb",
-                   "flops_per_step", "bytes_per_step", "intensity", "achieved_gflops",
-                   "folder")  # fmt: skip
+#: The summary's columns: what a reader compares first (step, interval, throughput, memory)
+#: before what explains it; ``work_flops``/``traffic_bytes`` are FLOPs and bytes per step.
+#: Each configuration's runs are in ``OUT/<model>-<dtype>-b<batch>`` (:func:`folder_name`).
+SUMMARY_COLUMNS = ("model", "batch", "dtype", "status", "step_ms", "ci_pct", "samples_per_s",
+                   "peak_rss_bytes", "overhead_layer_pct", "overhead_op_pct",
+                   "overhead_kernel_pct", "layer_sum_ms", "work_flops", "achieved_gflops",
+                   "intensity", "traffic_bytes", "params", "seconds", "error")  # fmt: skip
 
 
 def folder_name(model: str, batch: int, dtype: str) -> str:
@@ -107,6 +109,7 @@ def sweep(
         if progress is not None:
             progress(i + 1, len(configs), row)
     res = gather(done, roof, levels)
+    res.facts["out"] = str(root)
     _save(res, root)
     return res
 
@@ -167,7 +170,7 @@ def _run_one(cfg: dict[str, Any], timeout: float | None) -> dict[str, Any]:
                "status": "failed", "error": why}  # fmt: skip
     doc.setdefault("summary", {})
     doc["seconds"] = seconds
-    doc["folder"] = str(folder)
+    doc["folder"] = folder.name  # under the sweep's folder (the fact ``out``)
     return doc
 
 
@@ -227,8 +230,7 @@ def _measure(cfg: dict[str, Any], folder: Path) -> dict[str, Any]:
         "overhead_layer_pct": over("layer"), "overhead_op_pct": over("op"),
         "overhead_kernel_pct": over("kernel"),
         "layer_sum_ms": res.facts.get("layer_sum_ms"), "params": w.params,
-        "peak_rss_mb": peak_rss / 2**20,
-        "flops_per_step": flops, "bytes_per_step": nbytes,
+        "peak_rss_bytes": peak_rss, "work_flops": flops, "traffic_bytes": nbytes,
         "intensity": flops / nbytes if flops and nbytes else None,
         "achieved_gflops": flops / (step_ms / 1e3) / 1e9 if flops else None,
     }  # fmt: skip
@@ -333,6 +335,7 @@ def gather(rows: list[dict[str, Any]], roof: dict[str, Any], levels: Sequence[st
 
     summary, detail = [], {"layer_types": [], "top_ops": [], "top_kernels": [], "findings": []}
     notes: list[str] = []
+    unstable = runs = 0
     for r in rows:
         ident = {"model": r["model"], "batch": r["batch"], "dtype": r["dtype"]}
         summary.append({**ident, "status": r["status"], "error": r.get("error"),
@@ -340,14 +343,19 @@ def gather(rows: list[dict[str, Any]], roof: dict[str, Any], levels: Sequence[st
                         "folder": r.get("folder")})  # fmt: skip
         for name in detail:
             detail[name].extend({**ident, **x} for x in r.get(name, []))
-        for n in r.get("notes", []):
-            if "skipped" not in n:
-                notes.append(f"{r['model']} b{r['batch']} {r['dtype']}: {n}")
+        unstable += sum("not within" in n for n in r.get("notes", []))
+        runs += len([lv for lv in levels if lv != "kernel" or device_run(r)])
     s = pd.DataFrame(summary).reindex(columns=list(SUMMARY_COLUMNS))
     failed = s[s["status"] != "ok"]
     for m, b, d, e in zip(failed["model"], failed["batch"], failed["dtype"], failed["error"],
                           strict=True):  # fmt: skip
         notes.insert(0, f"{m} batch {b} {d} failed: {e}")
+    if unstable:
+        notes.append(
+            f"{unstable} of {runs} level runs stopped at their step limit before the 95 % "
+            "interval of their median reached the target (ci_pct says how wide it is): on a "
+            "noisy machine, overheads smaller than that are noise"
+        )
     ok = s[s["status"] == "ok"]
     headline = (f"{len(ok)} of {len(s)} configurations measured"
                 + (f"; fastest step {ok['step_ms'].min():.3g} ms, slowest "
@@ -356,6 +364,11 @@ def gather(rows: list[dict[str, Any]], roof: dict[str, Any], levels: Sequence[st
     present = {"summary": Presentation(title="Configurations", all_rows=True)}
     facts = {"headline": headline, "levels": ",".join(levels), **roof}
     return Result(tables=tables, notes=notes, facts=facts, present=present)
+
+
+def device_run(row: dict[str, Any]) -> bool:
+    """Whether a configuration measured the kernel level (a GPU run)."""
+    return (row.get("summary") or {}).get("overhead_kernel_pct") is not None
 
 
 def _save(res: Any, root: Path) -> None:

@@ -137,9 +137,9 @@ def _style(models: list[Any], dtypes: list[Any], model: Any, dtype: Any) -> dict
 
 
 def by_batch(fid: str, title: str, summary: list[Row], col: str, ytitle: str, unit: str,
-             ci: bool = False) -> Figure | None:  # fmt: skip
-    """``col`` against batch size, one line per model × dtype, points of the configurations
-    that ran and have a value; ``ci``: error bars of ± ``ci_pct`` % of the value."""
+             ci: bool = False, div: float = 1.0) -> Figure | None:  # fmt: skip
+    """``col`` (÷ ``div``) against batch size, one line per model × dtype, points of the
+    configurations that ran and have a value; ``ci``: error bars of ± ``ci_pct`` % of it."""
     rows = [r for r in ok_rows(summary) if number(r.get(col)) is not None]
     if not rows:
         return None
@@ -150,14 +150,14 @@ def by_batch(fid: str, title: str, summary: list[Row], col: str, ytitle: str, un
     for (model, dtype), rs in groups.items():
         trace: dict[str, Any] = {
             "type": "scatter", "mode": "lines+markers", "name": label(f"{model} {dtype}"),
-            "x": [r.get("batch") for r in rs], "y": [number(r.get(col)) for r in rs],
+            "x": [r.get("batch") for r in rs], "y": [number(r.get(col)) / div for r in rs],
             "line": _style(models, dtypes, model, dtype),
             "hovertemplate": f"{label(model)} {label(dtype)}, batch %{{x}}: "
                              f"%{{y:,.4g}} {plain(unit)}<extra></extra>",
         }  # fmt: skip
         if ci:
             pct = [number(r.get("ci_pct")) for r in rs]
-            err = [None if c is None else (number(r.get(col)) or 0.0) * c / 100
+            err = [None if c is None else (number(r.get(col)) or 0.0) / div * c / 100
                    for r, c in zip(rs, pct, strict=True)]  # fmt: skip
             if any(e is not None for e in err):
                 trace["error_y"] = {"type": "data", "array": err, "visible": True}
@@ -177,7 +177,10 @@ def layer_shares(summary: list[Row], layer_types: list[Row]) -> Figure | None:
     total: dict[Any, float] = {}
     for r in rows:
         total[r.get("type")] = total.get(r.get("type"), 0.0) + (number(r["share_pct"]) or 0.0)
-    types = sorted(total, key=lambda t: -total[t])
+    # the rest of the step (what no leaf layer covers: backward, loss, optimizer) is not a
+    # layer type: drawn last, in grey, after the types and "other types"
+    outside = [t for t in total if str(t).startswith("(")]
+    types = sorted((t for t in total if t not in outside), key=lambda t: -total[t])
     shown, rest = types[:MAX_TYPES], set(types[MAX_TYPES:])
     share: dict[tuple[Key, Any], float] = {}
     ms: dict[tuple[Key, Any], float | None] = {}
@@ -188,12 +191,14 @@ def layer_shares(summary: list[Row], layer_types: list[Row]) -> Figure | None:
         ms[k] = (ms.get(k) or 0.0) + (number(r.get("ms")) or 0.0)
     ylabels = [config_label(ran[k]) for k in configs]
     data = []
-    for i, t in enumerate(shown + (["other types"] if rest else [])):
+    colors = {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(shown)}
+    colors.update({"other types": "#c7c7c7", **{t: "#e8e8e8" for t in outside}})
+    for t in shown + (["other types"] if rest else []) + outside:
         data.append({
             "type": "bar", "orientation": "h", "name": label(t), "y": ylabels,
             "x": [share.get((k, t)) for k in configs],
             "customdata": [ms.get((k, t)) for k in configs],
-            "marker": {"color": PALETTE[i % len(PALETTE)]},
+            "marker": {"color": colors[t], "line": {"color": "#999999", "width": 0.5}},
             "hovertemplate": f"%{{y}}<br>{label(t)}: %{{x:.1f}} % of the step "
                              "(%{customdata:.3f} ms)<extra></extra>",
         })  # fmt: skip
@@ -294,8 +299,8 @@ def figures(res: Result) -> dict[str, Figure | None]:
         "layer-shares": layer_shares(summary, table_rows(res, "layer_types")),
         "roofline": roofline(summary, res.facts.get("peak_gflops"),
                              res.facts.get("peak_gb_per_s")),
-        "memory": by_batch("memory", "Peak memory against batch size", summary, "peak_rss_mb",
-                           "peak resident memory (MB)", "MB"),
+        "memory": by_batch("memory", "Peak memory against batch size", summary,
+                           "peak_rss_bytes", "peak resident memory (MiB)", "MiB", div=2**20),
         "overhead": overhead(summary),
     }  # fmt: skip
 
@@ -354,13 +359,13 @@ SUMMARY_COLS = (
     Col("overhead_op_pct", "overhead + op (%)", fixed(1)),
     Col("overhead_kernel_pct", "overhead + kernel (%)", fixed(1)),
     Col("params", "parameters (count)", fixed(0)),
-    Col("peak_rss_mb", "peak memory (MB)", fixed(1)),
-    Col("flops_per_step", "work per step (GFLOP)", scaled(1e9)),
-    Col("bytes_per_step", "traffic per step (MB)", scaled(1e6)),
+    Col("peak_rss_bytes", "peak memory (MiB)", scaled(2**20)),
+    Col("work_flops", "work per step (GFLOP)", scaled(1e9)),
+    Col("traffic_bytes", "traffic per step (MB)", scaled(1e6)),
     Col("intensity", "intensity (FLOP/byte)", scaled(1)),
     Col("achieved_gflops", "achieved (GFLOP/s)", scaled(1)),
     Col("error", "error", numeric=False),
-    Col("folder", "folder (path)", numeric=False),
+    Col("folder", "folder (in the sweep's)", numeric=False),
 )
 OP_COLS = (
     Col("dtype", "dtype", numeric=False),
