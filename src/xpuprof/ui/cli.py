@@ -447,9 +447,8 @@ def sweep(
     if as_json:
         render.print_json(answer.to_dict())
         return
-    shown = Result(tables={"summary": answer.tables["summary"]}, notes=answer.notes,
-                   facts={"headline": answer.facts["headline"]}, present=answer.present)
-    render.result(shown, out, limit, "--limit N or --json for all", wide=_WIDE["on"])
+    render.result(tools.sweep_summary(answer), out, limit, "--limit N or --json for all",
+                  wide=_WIDE["on"])  # fmt: skip
     out.print(f"The report is {escape(str(answer.facts['report']))}; the tables are in "
               f"{escape(str(output))}/sweep.json and summary.parquet", highlight=False,
               soft_wrap=True)  # fmt: skip

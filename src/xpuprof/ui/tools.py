@@ -606,6 +606,14 @@ def sweep(models: str | None, batches: str, dtypes: str = "fp32", *, out: str | 
     return res
 
 
+def sweep_summary(res: Result) -> Result:
+    """What ``xpuprof sweep`` prints of a sweep: the headline, the summary table and the
+    notes (the per-model tables are in the report and ``--json``)."""
+    return Result(tables={"summary": res.tables["summary"]}, notes=list(res.notes),
+                  facts={"headline": res.facts.get("headline")},
+                  present={k: v for k, v in res.present.items() if k == "summary"})  # fmt: skip
+
+
 def serve_ui(root: str | Path, *, host: str = "127.0.0.1", port: int = 8765,
              token: str | None = None) -> None:  # fmt: skip
     """Serve the web UI over a store or a directory of stores (:mod:`xpuprof.ui.web`)."""
