@@ -249,23 +249,32 @@ def test_leveled_real_training_step(tmp_path: Path) -> None:
         step()
         for h in hooks:
             h.remove()
-        before = _median_ns(step, 30)
         res = leveled(step, ("model", "layer", "op"), model=net, out=tmp_path / "lv",
                       min_steps=10, max_steps=40)  # fmt: skip
-        after = _median_ns(step, 30)
+        # this VM's speed drifts by 10-20 % within seconds (benchmarks/RESULTS.md, "A/A"):
+        # one leveled run's levels, seconds apart, were seen out of order. So the ordering and
+        # the agreement with plain timing are judged on rounds, each a plain loop and a
+        # leveled run of each level in turn, compared within the round
+        rounds: dict[str, list[float]] = {"layer/model": [], "op/layer": [], "model/plain": []}
+        for r in range(5):
+            plain = _median_ns(step, 10)[0]
+            got = {lv: float(leveled(step, (lv,), model=net, out=tmp_path / f"r{r}{lv}",
+                                     warmup=0, min_steps=10, max_steps=10
+                                     ).levels["median_ms"].iat[0]) * 1e6
+                   for lv in ("model", "layer", "op")}  # fmt: skip
+            rounds["layer/model"].append(got["layer"] / got["model"])
+            rounds["op/layer"].append(got["op"] / got["layer"])
+            rounds["model/plain"].append(got["model"] / plain)
     finally:
         torch.set_num_threads(threads)
     lv = res.levels.set_index("level")
     assert list(lv.index) == ["model", "layer", "op"]
-    # ordered overheads, each level's median above the shallower level's interval
-    assert lv.at["layer", "median_ms"] > lv.at["model", "ci_high_ms"]
-    assert lv.at["op", "median_ms"] > lv.at["layer", "ci_high_ms"]
-    # the model level agrees with an unprofiled loop timed here just before and just after:
-    # its median lies between theirs, within 10 % (a shared 2-core machine drifts by that
-    # much between loops; the 1 % target is the benchmark's, measured interleaved); the op
-    # level, at 20-40 % here, would not
-    low, high = min(before[1], after[1]) / 1.1, max(before[2], after[2]) * 1.1
-    assert low <= lv.at["model", "median_ms"] * 1e6 <= high, (before, after)
+    med = {k: sorted(v)[2] for k, v in rounds.items()}
+    # ordered overheads (module hooks ~2.5 µs per module call; torch.profiler more per op)
+    assert med["layer/model"] > 1 and med["op/layer"] > 1, rounds
+    # the model level agrees with plain timing: within 10 % (the 1 % target is the
+    # benchmark's); the op level, at +40 % and more here, would not
+    assert abs(med["model/plain"] - 1) < 0.1, rounds
     # every module whose forward ran is a layer of the merged tree, timed by the layer run
     layers = res.tree[res.tree["level"] == "layer"]
     root = type(net).__name__

@@ -80,8 +80,9 @@ def test_sweep_numbers_match_direct_measurement(small_sweep) -> None:
     finally:
         torch.set_num_threads(threads)
     # the sweep's model level against plain loops timed just before and just after it, each in
-    # its own process: between them, within 15 % (a shared machine drifts between processes)
-    low, high = min(direct) / 1.15, max(direct) * 1.15
+    # its own process: between them, within 25 % (this VM's speed drifts by 10-20 % between
+    # processes: benchmarks/RESULTS.md, "A/A")
+    low, high = min(direct) / 1.25, max(direct) * 1.25
     assert low <= row["step_ms"] <= high, (row["step_ms"], direct)
     assert 2 / (high / 1e3) <= row["samples_per_s"] <= 2 / (low / 1e3)
     assert row["params"] == sum(p.numel() for p in w.model.parameters())
