@@ -157,7 +157,7 @@ def kineto_store(tmp_path_factory):
     if not kineto_files():
         pytest.skip(NO_SHARED)
     store = tmp_path_factory.mktemp("kineto") / "all.store"
-    report = xpuprof.import_traces([KINETO], store)
+    report = xpuprof.import_traces([KINETO], store, mixed=True)  # every kind of job
     trace = xpuprof.load(store)
     yield trace, report
     trace.close()

@@ -364,7 +364,7 @@ def test_every_shared_trace_runs_without_invented_numbers(tmp_path):
     files = kineto_files()
     if not files:
         pytest.skip(f"{KINETO} not found")
-    xpuprof.import_traces([KINETO / "gpu"], tmp_path / "s")
+    xpuprof.import_traces([KINETO / "gpu"], tmp_path / "s", mixed=True)  # every kind of job
     with xpuprof.load(tmp_path / "s") as t:
         r = roofline(t, calibrate=False)
         ops = r["ops"]

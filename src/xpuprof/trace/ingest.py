@@ -23,6 +23,7 @@ from xpuprof.trace import store as st
 from xpuprof.trace.ranks import (  # noqa: F401 - rank_from_name: tests', scripts'
     RANK_FROM,
     RankHint,
+    mixed_jobs,
     rank_from_name,
     rank_hints,
     source_rank,
@@ -507,8 +508,13 @@ def import_traces(
     force: bool = False,
     progress: Progress | None = None,
     lock_wait: float = st.LOCK_WAIT_S,
+    mixed: bool = False,
 ) -> ImportReport:
     """Import trace files (or directories of them) into ``store``.
+
+    The sources must be ranks of one job: files whose ``distributedInfo`` states different
+    world sizes, or different process groups, are refused in one line naming them
+    (:func:`~xpuprof.trace.ranks.mixed_jobs`) unless ``mixed``, and nothing is written.
 
     The store then holds exactly these sources. Sources already in it, unchanged (same size and
     modification time, or same SHA-256), are kept as they are; if nothing changed the import is
@@ -524,7 +530,8 @@ def import_traces(
     made = st.make_parents(root)
     with _failing_cleanly(root, made), st.StoreLock(root, wait=lock_wait):
         st.clean_stale(root)
-        return _import_locked(sources, root, t0, lenient, scheduler, workers, force, progress)
+        return _import_locked(sources, root, t0, lenient, scheduler, workers, force, progress,
+                              mixed)  # fmt: skip
 
 
 def _import_locked(
@@ -536,6 +543,7 @@ def _import_locked(
     workers: int | None,
     force: bool,
     progress: Progress | None,
+    mixed: bool = False,
 ) -> ImportReport:
     """:func:`import_traces` once the store's lock is held."""
     if root.exists() and not st.is_store(root):
@@ -578,6 +586,9 @@ def _import_locked(
     try:
         hints = rank_hints(sources)
         results, n_workers = _run(jobs, staging, lenient, scheduler, workers, progress, hints)
+        problem = None if mixed else mixed_jobs(keep + results)
+        if problem:
+            raise XpuprofError(problem)
         manifest = st.new_manifest(keep + results)
         if old is None:
             st.commit_new(staging, root, manifest)

@@ -88,8 +88,55 @@ def source_rank(top: dict[str, Any], rank_hint: RankHint | None = None) -> RankH
     return 0, "default"
 
 
+def job_of(top: dict[str, Any]) -> tuple[Any, str | None]:
+    """A source's job as its ``distributedInfo`` states it: (world size, digest of its process
+    groups' definitions, None when it lists none) — what every rank of one job shares."""
+    import hashlib
+    import json
+
+    dist = top.get("distributedInfo")
+    if not isinstance(dist, dict):
+        return None, None
+    world = dist.get("world_size")
+    pgs = dist.get("pg_config")
+    digest = None
+    if pgs:
+        text = json.dumps(pgs, sort_keys=True, default=str)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return (world if _is_rank(world) else None), digest
+
+
+def mixed_jobs(entries: list[dict[str, Any]]) -> str | None:
+    """Why these sources (manifest entries, ``meta`` holding each file's top-level facts) are
+    not the ranks of one job, in one line naming the files, or None: their world sizes differ,
+    or, for equal world sizes, the process groups they define differ."""
+    jobs: dict[tuple[Any, str | None], list[str]] = {}
+    for e in entries:
+        world, digest = job_of(e.get("meta") or {})
+        if world is not None:
+            jobs.setdefault((world, digest), []).append(Path(e["path"]).name)
+    worlds = {w for w, _ in jobs}
+    groups = {(w, d) for w, d in jobs if d is not None}
+    if len(worlds) < 2 and len(groups) < 2:
+        return None
+
+    def files(names: list[str]) -> str:
+        shown = ", ".join(sorted(names)[:3])
+        return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    def what(w: Any, d: str | None) -> str:
+        return f"world size {w}" + (f", process groups {d}" if len(groups) > 1 and d else "")
+
+    parts = "; ".join(f"{what(w, d)}: {files(n)}" for (w, d), n in sorted(
+        jobs.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")))  # fmt: skip
+    return (f"these traces are ranks of different jobs ({parts}); import each job into its own "
+            "store, or pass --mixed to keep them together (collectives are then compared "
+            "within each job only)")  # fmt: skip
+
+
 def _is_rank(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
 
 
-__all__ = ["RANK_FROM", "RankHint", "rank_from_name", "rank_hints", "source_rank"]
+__all__ = ["RANK_FROM", "RankHint", "job_of", "mixed_jobs", "rank_from_name", "rank_hints",
+           "source_rank"]  # fmt: skip

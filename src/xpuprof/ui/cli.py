@@ -138,6 +138,8 @@ def import_cmd(
         None, "--workers", help="Worker processes (default: one per core for large inputs)."
     ),
     force: bool = typer.Option(False, "--force", help="Re-import even unchanged files."),
+    mixed: bool = typer.Option(False, "--mixed", help="Keep traces of different jobs (world "
+                               "sizes, process groups) in one store."),
     wait: float = typer.Option(
         60.0, "--wait", help="Seconds to wait while another xpuprof process writes the store."
     ),
@@ -152,7 +154,7 @@ def import_cmd(
         with render.progress_bar(total, err) if bar else contextlib.nullcontext() as progress:
             report = import_traces(list(paths), store, lenient=lenient, scheduler=scheduler,
                                    workers=workers, force=force, progress=progress,
-                                   lock_wait=max(0.0, wait))  # fmt: skip
+                                   lock_wait=max(0.0, wait), mixed=mixed)  # fmt: skip
     except XpuprofError as e:
         _fail(e)
     if as_json:

@@ -1,0 +1,85 @@
+"""One import, one job: traces whose ``distributedInfo`` states different world sizes or
+different process groups are refused in one line naming the files, nothing written, unless
+``--mixed`` (issue 14's bad input)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from builders import TraceBuilder
+
+import xpuprof
+from xpuprof.core.errors import XpuprofError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rank(d: Path, name: str, rank: int, world: int, groups: list | None = None) -> Path:
+    tb = TraceBuilder(rank=rank, world_size=world)
+    if groups is not None:
+        tb.top["distributedInfo"]["pg_config"] = groups
+    tb.step(0, ts=0, dur=100)
+    tb.op("aten::mm", 10, 50)
+    return tb.write(d / name)
+
+
+def _groups(ranks: list[int]) -> list[dict]:
+    return [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
+             "pg_size": len(ranks), "ranks": ranks}]  # fmt: skip
+
+
+def test_one_job_imports(tmp_path: Path) -> None:
+    files = [_rank(tmp_path, f"r{r}.json", r, 2, _groups([0, 1])) for r in range(2)]
+    xpuprof.import_traces(files, tmp_path / "s")
+    with xpuprof.load(tmp_path / "s") as t:
+        assert sorted(t.ranks) == [0, 1]
+
+
+def test_world_sizes_differ(tmp_path: Path) -> None:
+    a = _rank(tmp_path, "job_a_rank0.json", 0, 2)
+    b = _rank(tmp_path, "job_b_rank1.json", 1, 4)
+    with pytest.raises(XpuprofError) as e:
+        xpuprof.import_traces([a, b], tmp_path / "s")
+    msg = str(e.value)
+    assert "world size 2: job_a_rank0.json" in msg and "world size 4: job_b_rank1.json" in msg
+    assert "--mixed" in msg and "\n" not in msg
+    assert not (tmp_path / "s").exists()
+    # kept together on request; each job's collectives are then compared within the job only
+    xpuprof.import_traces([a, b], tmp_path / "s", mixed=True)
+    with xpuprof.load(tmp_path / "s") as t:
+        assert sorted(t.ranks) == [0, 1]
+
+
+def test_process_groups_differ(tmp_path: Path) -> None:
+    a = _rank(tmp_path, "a.json", 0, 2, _groups([0, 1]))
+    b = _rank(tmp_path, "b.json", 1, 2, _groups([1, 2]))
+    with pytest.raises(XpuprofError, match=r"world size 2, process groups \w+: a.json; world "
+                                           r"size 2, process groups \w+: b.json"):
+        xpuprof.import_traces([a, b], tmp_path / "s")
+
+
+def test_files_without_distributed_info_are_not_judged(tmp_path: Path) -> None:
+    a = _rank(tmp_path, "a.json", 0, 2)
+    plain = TraceBuilder(rank=None)
+    plain.step(0, ts=0, dur=10)
+    b = plain.write(tmp_path / "b.json")
+    xpuprof.import_traces([a, b], tmp_path / "s")  # one job's rank and a trace that names none
+
+
+def test_import_command_says_it_in_one_line(tmp_path: Path) -> None:
+    a = _rank(tmp_path, "a.json", 0, 2)
+    b = _rank(tmp_path, "b.json", 1, 8)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "xpuprof.ui.cli", "import", str(a), str(b), "-o",
+           str(tmp_path / "s")]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert p.stderr.startswith("error: these traces are ranks of different jobs")
+    assert not (tmp_path / "s").exists()
+    p = subprocess.run([*cmd, "--mixed", "--json"], capture_output=True, text=True,
+                       timeout=120, env=env)  # fmt: skip
+    assert p.returncode == 0, p.stderr
