@@ -83,3 +83,39 @@ def test_import_command_says_it_in_one_line(tmp_path: Path) -> None:
     p = subprocess.run([*cmd, "--mixed", "--json"], capture_output=True, text=True,
                        timeout=120, env=env)  # fmt: skip
     assert p.returncode == 0, p.stderr
+
+
+def test_missing_ranks_are_named_and_the_rest_computed(tmp_path: Path) -> None:
+    from xpuprof.ui import tools
+
+    files = [_rank(tmp_path, f"r{r}.json", r, 4) for r in (0, 2)]
+    xpuprof.import_traces(files, tmp_path / "s")
+    with xpuprof.load(tmp_path / "s") as t:
+        assert t.job() == {"world_size": 4, "ranks": [0, 2], "missing": [1, 3]}
+        res = tools.run("overview", t)
+    note = "ranks 1, 3 of world size 4 are not in the store: the numbers are of the 2 ranks present"
+    assert note in res.notes
+    assert sorted(res.tables["steps"]["rank"]) == [0, 2]
+    # one rank profiled on purpose: nothing to say
+    xpuprof.import_traces([files[1]], tmp_path / "one")
+    with xpuprof.load(tmp_path / "one") as t:
+        assert t.job()["missing"] == [0, 1, 3]
+        assert not any("not in the store" in n for n in tools.run("overview", t).notes)
+
+
+def test_dlrm_without_two_ranks(tmp_path: Path) -> None:
+    from conftest import shared
+
+    from xpuprof.ui import tools
+
+    d = shared("kineto/gpu/dlrm_8rank_v100")
+    files = sorted(d.iterdir())
+    keep = [f for f in files if not f.name.startswith(("worker3_", "worker5_"))]
+    assert len(keep) == 6
+    xpuprof.import_traces(keep, tmp_path / "s")
+    with xpuprof.load(tmp_path / "s") as t:
+        comm = tools.run("comm", t)
+    assert comm.notes[0] == ("ranks 3, 5 of world size 8 are not in the store: the numbers are "
+                             "of the 6 ranks present")  # fmt: skip
+    # the rest is computed: the six ranks' collectives, found as in the whole set
+    assert sorted(set(comm.tables["collectives"]["rank"])) == [0, 1, 2, 4, 6, 7]

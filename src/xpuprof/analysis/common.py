@@ -339,3 +339,18 @@ def selection_notes(
                  f"steps {numbers}" if mode == "list" else ""]  # fmt: skip
         notes.append(f"the selection ({', '.join(filter(None, asked))}) matches no event")
     return notes, selected
+
+
+def missing_ranks_note(trace: Trace) -> str | None:
+    """One note when a store holds several ranks of a job but not all of them (from
+    :meth:`Trace.job`): which are absent, and that the numbers are of the ranks present. A
+    store of one rank (one rank profiled on purpose) gets none."""
+    job = trace.job()
+    if len(job["ranks"]) < 2 or not job["missing"]:
+        return None
+    miss = job["missing"]
+    named = ", ".join(map(str, miss[:10])) + (f" and {len(miss) - 10} more" if len(miss) > 10
+                                               else "")  # fmt: skip
+    return (f"rank{'s' if len(miss) > 1 else ''} {named} of world size {job['world_size']} "
+            f"{'are' if len(miss) > 1 else 'is'} not in the store: the numbers are of the "
+            f"{len(job['ranks'])} ranks present")

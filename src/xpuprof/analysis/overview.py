@@ -44,6 +44,7 @@ from xpuprof.analysis.common import (
     StepSelection,
     intersection_length,
     merge_intervals,
+    missing_ranks_note,
     where_clause,
     work_class,
 )
@@ -107,6 +108,9 @@ def overview(
     if top < 0:
         raise XpuprofError(f"top: ops and kernels to list, 0 or more, not {top}")
     res = Result()
+    absent = missing_ranks_note(trace)
+    if absent:
+        res.notes.append(absent)
     w = where_clause(ranks, steps)
     step_rows = trace.sql(
         "select rank, device, step, ts, dur from events where level = 'step' and "

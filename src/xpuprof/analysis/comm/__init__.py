@@ -28,7 +28,7 @@ from xpuprof.analysis.comm.kinds import (
 )
 from xpuprof.analysis.comm.overlap import OVERLAP_COLUMNS, overlap
 from xpuprof.analysis.comm.skew import ALIGN, skew
-from xpuprof.analysis.common import Result, where_clause
+from xpuprof.analysis.common import Result, missing_ranks_note, where_clause
 from xpuprof.core.errors import XpuprofError
 from xpuprof.core.text import human_time
 
@@ -122,6 +122,9 @@ def _collectives(trace: Trace, where: str, align: str) -> Result:
         "overlap": overlap_table,
     }
     notes = _notes(ident, shared_rank)
+    absent = missing_ranks_note(trace)
+    if absent:
+        notes.insert(0, absent)
     if not shared_rank:
         skew_tables, skew_notes = skew(trace, out, align)
         late = skew_tables.pop("late", None)
