@@ -284,7 +284,7 @@ def test_two_jobs_in_one_store_are_not_compared(tmp_path):
     a = shared("kineto/gpu/a100_rank0of2_nccl.json.gz")
     d = shared("kineto/gpu/dlrm_8rank_v100")
     w0 = sorted(d.glob("worker0_*.json.gz"))[0]  # also rank 0
-    xpuprof.import_traces([a, w0], tmp_path / "s")
+    xpuprof.import_traces([a, w0], tmp_path / "s", mixed=True)  # two jobs, on purpose
     with xpuprof.load(tmp_path / "s") as t:
         r = collectives(t)
     assert "skew" not in r.tables

@@ -80,9 +80,12 @@ def test_sweep_numbers_match_direct_measurement(small_sweep) -> None:
     finally:
         torch.set_num_threads(threads)
     # the sweep's model level against plain loops timed just before and just after it, each in
-    # its own process: between them, within 25 % (this VM's speed drifts by 10-20 % between
-    # processes: benchmarks/RESULTS.md, "A/A")
-    low, high = min(direct) / 1.25, max(direct) * 1.25
+    # its own process: between them, within a factor 1.5. This VM's speed drifts by 10-20 %
+    # between processes (benchmarks/RESULTS.md, "A/A") and once, in a full run of the suite,
+    # the sweep's process ran 45 % slower than both plain ones (38.7 ms against 24.1 and
+    # 26.7; rerun: 23.3 against 24.3). What this still catches: another level's time, or a
+    # unit, reported as the step.
+    low, high = min(direct) / 1.5, max(direct) * 1.5
     assert low <= row["step_ms"] <= high, (row["step_ms"], direct)
     assert 2 / (high / 1e3) <= row["samples_per_s"] <= 2 / (low / 1e3)
     assert row["params"] == sum(p.numel() for p in w.model.parameters())
