@@ -179,7 +179,7 @@ class Leveled:
                        for r in self.runs]  # fmt: skip
         path = self.out / "leveled.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_bytes(msgspec.json.encode(doc, enc_hook=_plain))
+        tmp.write_bytes(msgspec.json.encode(doc, enc_hook=plain_number))
         tmp.replace(path)
         return path
 
@@ -436,11 +436,12 @@ def _levels_table(runs: list[LevelRun], samples: int | None) -> Any:
     return pd.DataFrame(rows)
 
 
-def _plain(x: Any) -> Any:
-    """numpy scalars as Python numbers (for msgspec)."""
+def plain_number(x: Any) -> Any:
+    """numpy scalars as Python numbers: the encoder hook of ``leveled.json``, the merged trace
+    and the sweep's documents (msgspec's ``enc_hook``, json's ``default``)."""
     if hasattr(x, "item"):
         return x.item()
-    raise NotImplementedError(type(x))
+    raise TypeError(f"cannot encode {type(x).__name__}")
 
 
 # -- the merged store -----------------------------------------------------------------------------
@@ -527,6 +528,6 @@ def _write_merged(skeleton: Any, tree: Any, runs: list[LevelRun], out: Path) -> 
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="xpuprof-merged-") as tmp:
         path = Path(tmp) / "merged.pt.trace.json"
-        path.write_bytes(msgspec.json.encode(doc, enc_hook=_plain))
+        path.write_bytes(msgspec.json.encode(doc, enc_hook=plain_number))
         with contextlib.redirect_stdout(sys.stderr):
             import_traces([path], out)

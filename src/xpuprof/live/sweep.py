@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from xpuprof.core.errors import XpuprofError
+from xpuprof.live.levelmerge import plain_number
 
 #: Rows kept per configuration in the ops and kernels tables.
 TOP = 10
@@ -126,22 +127,10 @@ def _machine_roof(device: str) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - the roof is optional; say why it is missing
         return {"device": f"CPU (roof not calibrated: {type(e).__name__}: {e})",
                 "peak_gflops": None, "peak_gb_per_s": None}  # fmt: skip
-    peak = _first_number(spec, ("peak_flops", "fp32_flops", "flops"))
-    bw = _first_number(spec, ("memory_bandwidth", "bandwidth"))
-    name = getattr(spec, "name", None) or (spec.get("name") if isinstance(spec, dict) else None)
-    return {"device": f"CPU: {name or 'this machine'} ({os.cpu_count()} CPUs)",
+    peak, bw = spec.flops.get("fp32"), spec.memory_bandwidth
+    return {"device": f"CPU: {spec.name} ({os.cpu_count()} CPUs)",
             "peak_gflops": peak / 1e9 if peak else None,
             "peak_gb_per_s": bw / 1e9 if bw else None}  # fmt: skip
-
-
-def _first_number(spec: Any, names: Sequence[str]) -> float | None:
-    for n in names:
-        v = spec.get(n) if isinstance(spec, dict) else getattr(spec, n, None)
-        if isinstance(v, dict):  # per dtype
-            v = v.get("fp32") or next(iter(v.values()), None)
-        if isinstance(v, (int, float)) and v > 0:
-            return float(v)
-    return None
 
 
 def _run_one(cfg: dict[str, Any], timeout: float | None) -> dict[str, Any]:
@@ -192,14 +181,8 @@ def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
         doc["status"] = "ok"
     except Exception as e:  # noqa: BLE001 - recorded for this configuration; the sweep goes on
         doc.update(status="failed", error=f"{type(e).__name__}: {e}")
-    (folder / "config.json").write_text(json.dumps(doc, default=_plain))
+    (folder / "config.json").write_text(json.dumps(doc, default=plain_number))
     return doc
-
-
-def _plain(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    raise TypeError(type(x).__name__)
 
 
 def _measure(cfg: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -272,8 +255,7 @@ def top_units(tree: Any, level: str, step_ns: float | None) -> list[dict[str, An
     if step_ns is None:
         return []
     t = shown(tree)
-    t = t[(t["level"] == level) & (t["timed_by"] == level)] if level == "kernel" else t[
-        (t["level"] == "op") & (t["timed_by"] == "op")]  # fmt: skip
+    t = t[(t["level"] == level) & (t["timed_by"] == level)]
     if not len(t):
         return []
     by = t.groupby("name", sort=False).agg(ns=("time_ns", "sum"), calls=("calls", "sum"))
@@ -377,7 +359,7 @@ def _save(res: Any, root: Path) -> None:
     res.tables["summary"].to_parquet(tmp)
     tmp.replace(root / "summary.parquet")
     tmp = root / "sweep.json.tmp"
-    tmp.write_text(json.dumps(res.to_dict(), default=_plain))
+    tmp.write_text(json.dumps(res.to_dict(), default=plain_number))
     tmp.replace(root / "sweep.json")
 
 

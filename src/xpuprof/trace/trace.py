@@ -106,12 +106,12 @@ class Trace:
         """The job the store's ranks belong to, from their ``distributedInfo``: ``world_size``
         (None when no source states one, or they disagree: an import with ``mixed``),
         ``ranks`` (present, sorted) and ``missing`` (ranks of the world with no source)."""
-        worlds = {(s.get("meta") or {}).get("distributedInfo", {}).get("world_size")
-                  for s in self.sources} - {None}  # fmt: skip
+        from xpuprof.trace.ranks import job_of
+
+        worlds = {job_of(s.get("meta") or {})[0] for s in self.sources} - {None}
         present = sorted({r for r in self.ranks if r is not None})
         world = next(iter(worlds)) if len(worlds) == 1 else None
-        ok = isinstance(world, int) and not isinstance(world, bool) and world > 0
-        missing = sorted(set(range(world)) - set(present)) if ok else []
+        missing = sorted(set(range(world)) - set(present)) if world else []
         return {"world_size": world, "ranks": present, "missing": missing}
 
     @cached_property
