@@ -117,3 +117,111 @@ def step_nodes(g: ReplayGraph, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     s = pd.Series(np.flatnonzero(n.kind == 0), index=n.event[n.kind == 0])
     e = pd.Series(np.flatnonzero(n.kind == 1), index=n.event[n.kind == 1])
     return s.reindex(ids).to_numpy(), e.reindex(ids).to_numpy()
+
+
+JOB_PATH_COLUMNS = ["rank", "part", "category", "event", "start", "end", "ns"]
+
+
+def job_path(rep: Replay) -> pd.DataFrame:
+    """The critical path of the whole job through the identity replay's schedule: from the end
+    of the last step to end on any rank (or its last point without steps) back to the start of
+    the earliest first step, across ranks wherever a collective's rendezvous was set by its
+    last participant. One row per segment, in time order: the ``rank``/``part`` whose timeline
+    it lies on (a rendezvous is charged to the participant that arrived last), its
+    ``category`` (:data:`CATEGORIES`), the ``event`` whose work it is (-1: none), ``start``
+    and ``end`` (ns, the aligned clock) and ``ns``. Empty when nothing was replayed."""
+    g, sched = rep.graph, rep.schedule
+    if sched is None or not len(g.nodes):
+        return pd.DataFrame(columns=JOB_PATH_COLUMNS)
+    walk = Walk(g, sched, np.ones(len(g.edges), bool))
+    e = g.edges
+    n = len(g.nodes)
+    event = np.full(n, -1, np.int64)
+    event[e.dst[e.timeline]] = e.event[e.timeline]
+    cross = np.flatnonzero(~e.timeline)
+    by_cross = sched.via >= 0
+    event[by_cross] = e.event[cross[sched.via[by_cross]]]
+    if len(rep.steps):
+        s_node, e_node = step_nodes(g, rep.step_ids)
+        ok = (s_node >= 0) & (e_node >= 0)
+        z = int(e_node[ok][np.argmax(sched.time[e_node[ok]])])
+        since = int(sched.time[s_node[ok]].min())
+    else:
+        real = np.flatnonzero(g.nodes.part >= 0)
+        z = int(real[np.argmax(sched.time[real])])
+        since = int(sched.time[real].min())
+    pred, t = walk._pred_list, walk._time_list
+    path = []
+    v = z
+    while t[v] > since and pred[v] >= 0:
+        path.append(v)
+        v = pred[v]
+    if not path:
+        return pd.DataFrame(columns=JOB_PATH_COLUMNS)
+    late = None
+    if t[v] > since:  # the path begins on a timeline that started after the job did
+        late = {"rank": g.ranks.get(int(g.nodes.part[v])), "part": int(g.nodes.part[v]),
+                "category": "late start", "event": -1, "start": since, "end": t[v],
+                "ns": t[v] - since}  # fmt: skip
+    p = np.asarray(path[::-1])
+    src = walk.pred[p]
+    part = g.nodes.part[p].copy()
+    virtual = part < 0  # a rendezvous: charged to the participant whose start set it
+    part[virtual] = g.nodes.part[src[virtual]]
+    start = np.maximum(sched.time[src], since)
+    out = pd.DataFrame({
+        "rank": pd.array([g.ranks.get(int(x)) for x in part], "Int64"), "part": part,
+        "category": np.asarray(CATEGORIES, dtype=object)[walk.cat[p]],
+        "event": event[p], "start": start, "end": sched.time[p],
+    })  # fmt: skip
+    out["ns"] = out["end"] - out["start"]
+    out = out[out["ns"] > 0]
+    if late is not None:
+        out = pd.concat([pd.DataFrame([late]).astype({"rank": "Int64"}), out])
+    return out.reset_index(drop=True)[JOB_PATH_COLUMNS]
+
+
+def job_path_tables(
+    rep: Replay, top: int = 10
+) -> tuple[dict[str, pd.DataFrame], dict[str, object]]:
+    """:func:`job_path` summarised: ``path`` (per rank and category: ns on the job's critical
+    path and its share of the path), ``path_events`` (the ``top`` events the path spends most
+    time in, with rank and name), ``path_ranks`` (the path as runs of one rank: where it
+    crosses to another rank through a collective), and facts ``path_ns``, ``path_rank`` (the
+    rank holding most of it), ``path_rank_share`` (%), ``path_crossings``."""
+    seg = job_path(rep)
+    if seg.empty:
+        return {}, {}
+    total = int(seg["ns"].sum())
+    per = seg.groupby(["rank", "part", "category"], dropna=False)["ns"].sum().reset_index()
+    per["share_pct"] = 100 * per["ns"] / total
+    per = per.sort_values("ns", ascending=False).reset_index(drop=True)
+    ev = seg[seg["event"] >= 0].groupby(["rank", "event", "category"], dropna=False)["ns"]
+    ev = ev.sum().reset_index().sort_values("ns", ascending=False).head(top)
+    names = rep.trace.sql(
+        f"select id as event, name from events where id in "
+        f"({', '.join(map(str, ev['event'].tolist())) or 'null'})"
+    )
+    ev = ev.merge(names, on="event", how="left")
+    ev["share_pct"] = 100 * ev["ns"] / total
+    change = np.r_[True, seg["part"].to_numpy()[1:] != seg["part"].to_numpy()[:-1]]
+    run = np.cumsum(change) - 1
+    runs = seg.groupby(run).agg(rank=("rank", "first"), part=("part", "first"),
+                                start=("start", "min"), end=("end", "max"),
+                                ns=("ns", "sum"))  # fmt: skip
+    by_rank = per.groupby("part")["ns"].sum().sort_values(ascending=False)
+    top_part = int(by_rank.index[0])
+    facts: dict[str, object] = {
+        "path_ns": total,
+        "path_rank": rep.graph.ranks.get(top_part),
+        "path_rank_share": round(100 * float(by_rank.iloc[0]) / total, 1),
+        "path_crossings": int(len(runs) - 1),
+    }
+    per = per.rename(columns={"ns": "time_ns"})
+    ev = ev.rename(columns={"ns": "time_ns"})
+    runs = runs.rename(columns={"ns": "time_ns"}).reset_index(drop=True)
+    return {
+        "path": per[["rank", "part", "category", "time_ns", "share_pct"]],
+        "path_events": ev[["rank", "name", "category", "time_ns", "share_pct"]],
+        "path_ranks": runs,
+    }, facts

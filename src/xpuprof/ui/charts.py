@@ -18,6 +18,8 @@ recomputed. What each tool gets:
 - ``replay``: measured and simulated step time side by side, one pair of bars per step
   (grouped by rank when there are several), the error in the hover, from the ``steps`` table;
   without steps, each rank's span (first start to last end) from the ``summary`` table;
+- ``ranks``: the step time of each rank and step as a heat map (``steps``), and per rank its
+  collective time as waiting vs transfer, beside the waiting it caused the others (``waits``);
 - ``comm``: bus bandwidth against message size (log x), one point per collective; and when
   several ranks take part, each participant's lateness at each matched collective (its
   aligned start minus the earliest, from the ``collectives``, ``clock`` and ``skew`` tables:
@@ -591,7 +593,34 @@ def replay_steps(res: Result) -> Figure | None:
     })  # fmt: skip
 
 
+def rank_waits(res: Result) -> Figure | None:
+    """Per rank (the ``ranks`` tool's ``waits`` table): its collective time split into waiting
+    for the last participant and transfer, stacked, and the waiting it caused the others
+    beside them."""
+    rows = sorted(rows_of(res, "waits"), key=lambda r: (r.get("rank") is None, r.get("rank")))
+    if len(rows) < 2:
+        return None
+    names = [f"rank {r.get('rank')}" for r in rows]
+
+    def ms(col: str) -> list[float | None]:
+        return [None if (v := number(r.get(col))) is None else v / 1e6 for r in rows]
+
+    return _figure("rank-waits", "Collective time per rank: waiting vs transfer", [
+        {"type": "bar", "name": "waiting for the last rank", "x": names, "y": ms("wait_ns"),
+         "marker": {"color": _PALETTE[1]}, "offsetgroup": "own",
+         "hovertemplate": "%{x}: waited %{y:.3f} ms<extra></extra>"},
+        {"type": "bar", "name": "transfer", "x": names, "y": ms("transfer_ns"),
+         "marker": {"color": _PALETTE[0]}, "offsetgroup": "own", "base": ms("wait_ns"),
+         "hovertemplate": "%{x}: transfer %{y:.3f} ms<extra></extra>"},
+        {"type": "bar", "name": "others waited for it", "x": names, "y": ms("caused_ns"),
+         "marker": {"color": _PALETTE[2]}, "offsetgroup": "caused",
+         "hovertemplate": "%{x}: the others waited %{y:.3f} ms for it<extra></extra>"},
+    ], {"barmode": "group", "xaxis": _axis("rank", type="category"),
+        "yaxis": _axis("time (ms)")})  # fmt: skip
+
+
 _BUILDERS: dict[str, Callable[[Result], list[Figure | None]]] = {
+    "ranks": lambda res: [step_heatmap(rows_of(res, "steps")), rank_waits(res)],
     "overview": overview_figures,
     "summary": lambda res: [
         top_bars(

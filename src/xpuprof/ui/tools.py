@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from xpuprof.core.errors import XpuprofError
 from xpuprof.core.result import Presentation, Result
+from xpuprof.core.text import human_time
 from xpuprof.ui.stores import (  # noqa: F401  (tools and front ends name them from here)
     INFO_PRESENT,
     check_first,
@@ -423,6 +424,41 @@ def whatif(
     return run_whatif(trace, texts, ranks=ranks, steps=steps).result()
 
 
+def ranks(
+    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
+    path: bool = True,
+) -> Result:  # fmt: skip
+    """Cross-rank views (:func:`xpuprof.analysis.ranks.rank_steps`: step time per rank and
+    step, the rank holding each step back and why, wait vs transfer per rank) and, with
+    ``path``, the job's critical path across ranks through the replay graph
+    (:func:`xpuprof.sim.paths.job_path_tables`)."""
+    from xpuprof.analysis.ranks import rank_steps
+
+    res = rank_steps(trace, ranks=ranks, steps=steps)
+    if not path or "steps" not in res.tables:
+        return res
+    from xpuprof.sim import replay as run_replay
+    from xpuprof.sim.paths import job_path_tables
+
+    tables, facts = job_path_tables(run_replay(trace, ranks=ranks, steps=steps))
+    if not tables:
+        res.notes.append("the replay graph holds nothing to walk: no cross-rank critical path")
+        return res
+    res.tables.update(tables)
+    res.facts.update(facts)
+    share = facts["path_rank_share"]
+    line = (f"The job's critical path ({human_time(facts['path_ns'])}) runs {share:.0f} % on "
+            f"rank {facts['path_rank']} and crosses ranks {facts['path_crossings']} time(s) "
+            "through collectives.")  # fmt: skip
+    res.facts["headline"] = f"{res.facts['headline']} {line}" if res.facts.get("headline") else line
+    if (
+        all(r is not None for r in res.tables["steps"]["rank"])
+        and (res.tables["steps"].groupby("rank")["part"].nunique() == 1).all()
+    ):  # one part per rank: the part column says nothing more
+        res.tables = {k: v.drop(columns="part", errors="ignore") for k, v in res.tables.items()}
+    return res
+
+
 #: The changes the what-if page offers whatever the store (``whatif_picks``): (change, what
 #: it stands for, the levels the store must have for it to select anything; () = any).
 COMMON_CHANGES = (
@@ -760,6 +796,27 @@ TOOLS: tuple[Tool, ...] = (
          present={"collectives": Presentation(units=_COMM_UNITS),
                   "summary": Presentation(units=_COMM_UNITS),
                   "skew": Presentation(units=_COMM_UNITS)}),
+    Tool("ranks", "xpuprof.ui.tools:ranks",
+         "Across ranks: step time per rank and step, the rank holding each step back and "
+         "why, collective wait vs transfer per rank, and the job's critical path across ranks "
+         "(docs/ranks.md).",
+         options=(Option("path", "Also the job's critical path across ranks (replays the "
+                                 "trace).", True, bool, flag="--path/--no-path"),),
+         present={"slowest": Presentation(title="who held each step back", all_rows=True,
+                                          units=(("caused_ns", "ns"), ("holder_step_ns", "ns"),
+                                                 ("median_step_ns", "ns"),
+                                                 ("late_start_ns", "ns"), ("cause_ns", "ns"))),
+                  "steps": Presentation(title="step time per rank and step",
+                                        units=(("start", "ts"),)),
+                  "causes": Presentation(title="the holder against the median rank"),
+                  "waits": Presentation(title="collective wait vs transfer, per rank"),
+                  "path": Presentation(title="the job's critical path, by rank and category",
+                                       units=(("share_pct", "%"),)),
+                  "path_events": Presentation(title="where the job's critical path spends "
+                                                    "its time", units=(("time_ns", "ns"),
+                                                                       ("share_pct", "%"))),
+                  "path_ranks": Presentation(title="the job's critical path, rank by rank",
+                                             units=(("start", "ts"), ("end", "ts")))}),
     Tool("critical-path", "xpuprof.analysis.critical_path:critical_path",
          "The critical path through host and device events, each segment attributed.",
          options=(Option("annotation", "Window: host spans named so."),

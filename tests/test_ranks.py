@@ -1,0 +1,175 @@
+"""The cross-rank views (``xpuprof ranks``): who holds each step back and why, wait vs transfer
+per rank, and the job's critical path across ranks — on synthetic jobs whose answers are worked
+out by hand, and on the real 8-rank DLRM job against numbers computed from its raw JSON.
+
+Times in the synthetic traces are µs (Kineto's unit); the store holds ns, hence the ×1000.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+import xpuprof
+from tests.builders import TraceBuilder
+from tests.conftest import cli
+from tests.conftest import shared as shared_trace
+from xpuprof.analysis.ranks import rank_steps
+from xpuprof.ui import tools
+
+US = 1000
+ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+ARGS = {"Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20,
+        "Group size": 4, "dtype": "Float", "Process Group Name": "0",
+        "Process Group Ranks": "[0, 1, 2, 3]"}  # fmt: skip
+
+
+def _job(tmp_path, prep: dict[tuple[int, int], float], late: dict[tuple[int, int], float]):
+    """Four ranks, three steps at 0, 1000 and 2000 µs. In each step a rank runs "prep" (10 µs,
+    or ``prep[(rank, step)]``) from its step start (0, or ``late[(rank, step)]`` µs late),
+    launches an all-reduce (1 µs call, the kernel 5 µs after it) whose kernel ends when the
+    last rank's has run 20 µs of transfer, waits for it in a device synchronize (until 2 µs
+    after it ends) and ends its step 5 µs after the kernel."""
+    files = []
+    builders = [TraceBuilder(rank=r, world_size=4) for r in range(4)]
+    for k in range(3):
+        base = 1000 * k
+        starts = {}
+        for r in range(4):
+            s = base + late.get((r, k), 0)
+            starts[r] = s + prep.get((r, k), 10) + 1 + 5
+        end = max(starts.values()) + 20
+        for r, tb in enumerate(builders):
+            s = base + late.get((r, k), 0)
+            p = prep.get((r, k), 10)
+            tb.step(k, ts=s, dur=end + 5 - s)
+            tb.op("prep", s, p)
+            tb.launch(ALLREDUCE, ts=starts[r], dur=end - starts[r], launch_ts=s + p + 1,
+                      launch_dur=1, stream=20, **ARGS)  # fmt: skip
+            tb.runtime("cudaDeviceSynchronize", s + p + 2, end + 2 - (s + p + 2))
+    for r, tb in enumerate(builders):
+        files.append(tb.write(tmp_path / f"rank{r}.json"))
+    store = tmp_path / "job.store"
+    xpuprof.import_traces(files, store)
+    return store
+
+
+def test_the_rank_others_wait_for_holds_the_step_and_its_extra_work_is_the_cause(tmp_path):
+    """Step 1: rank 2's prep takes 110 µs instead of 10, so it launches at 111 and its
+    all-reduce starts at 116 instead of 16: the three others wait 100 µs each (300 µs caused),
+    and the cause is 100 µs more framework CPU work ("cpu") than the median rank. Steps 0 and
+    2: nobody waits, so the holder is the longest step and there is no cause."""
+    with xpuprof.load(_job(tmp_path, {(2, 1): 110}, {})) as t:
+        res = rank_steps(t)
+    slow = res.tables["slowest"].set_index("step")
+    assert slow.loc[1, "holder"] == 2 and slow.loc[1, "basis"] == "waited for"
+    assert slow.loc[1, "caused_ns"] == 3 * 100 * US
+    assert slow.loc[1, "cause"] == "cpu" and slow.loc[1, "cause_ns"] == 100 * US
+    assert slow.loc[1, "late_start_ns"] == 0
+    assert list(slow.loc[[0, 2], "basis"]) == ["longest step", "longest step"]
+    assert slow.loc[[0, 2], "cause"].isna().all()
+    assert res.facts["holder"] == 2 and res.facts["held_steps"] == 1
+    assert "Rank 2 held the job back in 1 of 3 step(s)" in res.facts["headline"]
+    # wait vs transfer per rank: rank 2 waited for nobody; the others 100 µs each in step 1;
+    # every rank's transfer is its kernels' time minus its waits
+    w = res.tables["waits"].set_index("rank")
+    assert w.loc[2, "wait_ns"] == 0 and w.loc[2, "caused_ns"] == 300 * US
+    assert (w.loc[[0, 1, 3], "wait_ns"] == 100 * US).all()
+    assert (w["transfer_ns"] == w["collective_ns"] - w["wait_ns"]).all()
+    assert (w.loc[[0, 1, 3], "transfer_ns"] == 3 * 20 * US).all()
+
+
+def test_a_late_start_is_named_as_the_cause(tmp_path):
+    """Step 2: rank 1 starts 80 µs after the others (median start: the others' 2000 µs) and
+    does the same work: it holds the step (3 × 80 µs of waiting) because of its late start."""
+    with xpuprof.load(_job(tmp_path, {}, {(1, 2): 80})) as t:
+        res = rank_steps(t)
+    slow = res.tables["slowest"].set_index("step")
+    assert slow.loc[2, "holder"] == 1 and slow.loc[2, "caused_ns"] == 3 * 80 * US
+    assert slow.loc[2, "cause"] == "late start" and slow.loc[2, "cause_ns"] == 80 * US
+    steps = res.tables["steps"].set_index(["step", "rank"])
+    assert steps.loc[(2, 1), "late_start_ns"] == 80 * US
+    assert any("started its step late" in n for n in res.notes)
+
+
+def test_job_critical_path_runs_through_the_slow_ranks_work(tmp_path):
+    """In step 1 the path into the all-reduce's end comes from rank 2 (the last to arrive):
+    its 110 µs prep is on the job's critical path; no other rank's prep of that step is."""
+    with xpuprof.load(_job(tmp_path, {(2, 1): 110}, {})) as t:
+        res = tools.run("ranks", t)
+    ev = res.tables["path_events"]
+    prep = ev[ev["name"] == "prep"]
+    assert (prep["time_ns"] == 110 * US).any()
+    assert set(prep.loc[prep["time_ns"] == 110 * US, "rank"]) == {2}
+    assert res.facts["path_crossings"] >= 1
+    runs = res.tables["path_ranks"]
+    assert int(runs["time_ns"].sum()) == res.facts["path_ns"]
+
+
+def test_one_rank_says_there_is_nothing_to_compare(tmp_path):
+    tb = TraceBuilder(rank=0)
+    tb.step(0, ts=0, dur=100)
+    tb.op("prep", 0, 10)
+    with tb.load(tmp_path) as t:
+        res = rank_steps(t)
+    assert not res.tables and any("one rank" in n for n in res.notes)
+
+
+def test_cli_ranks_json_and_text(tmp_path):
+    store = _job(tmp_path, {(2, 1): 110}, {})
+    proc = cli("ranks", str(store), "--json", "--no-path")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["facts"]["holder"] == 2
+    assert "path" not in doc["tables"]
+    proc = cli("ranks", str(store), env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert text.splitlines()[0].startswith("Rank 2 held the job back")
+    assert max(len(x) for x in text.splitlines()) <= 80
+
+
+# -- the real 8-rank DLRM job ---------------------------------------------------------------
+
+
+def _raw_collectives(path) -> list[tuple[int, int]]:
+    """(start, dur) in ns of a rank's NCCL kernels, in time order, from the raw JSON."""
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    ks = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"
+          and "nccl" in e["name"].lower()]  # fmt: skip
+    ks.sort(key=lambda e: e["ts"])
+    return [(round(e["ts"] * 1000), round(e["dur"] * 1000)) for e in ks]
+
+
+def test_dlrm_holder_and_waits_agree_with_the_raw_json(tmp_path):
+    """From the raw files: the k-th NCCL kernel of every rank is one collective; its last
+    participant is the rank that starts it last, and each other rank waits for it (last start
+    − own start, at most its kernel's duration). The rank the others waited for most must be
+    the holder, with that much waiting caused (to 1 %: the comm tool aligns clocks on the
+    collectives' ends, sub-µs shifts here)."""
+    folder = shared_trace("kineto/gpu/dlrm_8rank_v100")
+    files = sorted(folder.glob("*.json.gz"))
+    raw = {int(f.name[len("worker") :].split("_")[0]): _raw_collectives(f) for f in files}
+    n = min(len(v) for v in raw.values())
+    caused = np.zeros(8)
+    for k in range(n):
+        starts = {r: raw[r][k][0] for r in raw}
+        last = max(starts, key=starts.__getitem__)
+        caused[last] += sum(min(starts[last] - s, raw[r][k][1]) for r, s in starts.items()
+                            if r != last)  # fmt: skip
+    xpuprof.import_traces(files, tmp_path / "dlrm.store")
+    with xpuprof.load(tmp_path / "dlrm.store") as t:
+        res = tools.run("ranks", t)
+    slow = res.tables["slowest"]
+    assert len(slow) == 1
+    assert int(slow["holder"].iloc[0]) == int(np.argmax(caused))
+    got = res.tables["steps"].set_index("rank")["caused_ns"]
+    for r in range(8):
+        assert got[r] == pytest.approx(caused[r], rel=0.01, abs=2 * US)
+    # the critical path of the job starts on the holder, which started its step late
+    runs = res.tables["path_ranks"]
+    assert int(runs["rank"].iloc[0]) == int(np.argmax(caused))
+    assert res.tables["path"].iloc[0]["category"] == "late start"
