@@ -11,6 +11,7 @@ import gzip
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import xpuprof
@@ -73,6 +74,11 @@ def test_the_rank_others_wait_for_holds_the_step_and_its_extra_work_is_the_cause
     assert slow.loc[[0, 2], "cause"].isna().all()
     assert res.facts["holder"] == 2 and res.facts["held_steps"] == 1
     assert "Rank 2 held the job back in 1 of 3 step(s)" in res.facts["headline"]
+    # a one-off: rank 2 usually causes no wait (median of 0, 300, 0 µs)
+    out = res.tables["outliers"]
+    assert list(out[["rank", "step"]].itertuples(index=False, name=None)) == [(2, 1)]
+    assert out["usual_ns"].iloc[0] == 0 and out["excess_ns"].iloc[0] == 300 * US
+    assert (res.facts["outlier_rank"], res.facts["outlier_step"]) == (2, 1)
     # wait vs transfer per rank: rank 2 waited for nobody; the others 100 µs each in step 1;
     # every rank's transfer is its kernels' time minus its waits
     w = res.tables["waits"].set_index("rank")
@@ -107,6 +113,48 @@ def test_job_critical_path_runs_through_the_slow_ranks_work(tmp_path):
     assert res.facts["path_crossings"] >= 1
     runs = res.tables["path_ranks"]
     assert int(runs["time_ns"].sum()) == res.facts["path_ns"]
+
+
+def test_a_rank_late_every_step_is_the_holder_not_an_outlier(tmp_path):
+    """Rank 3's prep takes 50 µs longer in every step: it holds each step (3 × 50 µs caused),
+    and since that is what it usually does, no step of it is an outlier."""
+    slow = {(3, k): 60 for k in range(3)}
+    with xpuprof.load(_job(tmp_path, slow, {})) as t:
+        res = rank_steps(t)
+    assert res.tables["slowest"]["holder"].tolist() == [3, 3, 3]
+    assert res.tables["slowest"]["caused_ns"].tolist() == [150 * US] * 3
+    assert res.tables["outliers"].empty and "outlier_rank" not in res.facts
+
+
+def test_per_rank_tasks_on_dask_equal_the_in_process_answer(tmp_path):
+    """The per-rank critical paths as Dask tasks on a real LocalCluster of 2 workers, each
+    task opening one part of the store: the same tables as one process computing every rank."""
+    store = _job(tmp_path, {(2, 1): 110}, {(1, 2): 80})
+    with xpuprof.load(store) as t:
+        here = rank_steps(t)
+    with xpuprof.load(store) as t:
+        there = rank_steps(t, workers=2)
+    assert set(here.tables) == set(there.tables)
+    for name, table in here.tables.items():
+        pd.testing.assert_frame_equal(table, there.tables[name], check_dtype=False)
+    assert here.facts == there.facts
+
+
+def test_a_trace_of_some_parts_reads_only_those(tmp_path):
+    """``Trace(path, parts=[p])``: the events of part p only (counted with SQL on the whole
+    store), its manifest's row totals recounted; an unknown part is a clear error."""
+    from xpuprof.core.errors import XpuprofError
+
+    store = _job(tmp_path, {}, {})
+    with xpuprof.Trace(store) as whole:
+        n = whole.sql("select part, count(*) as n from events group by part").set_index("part")
+    with xpuprof.Trace(store, parts=[2]) as one:
+        assert [s["part"] for s in one.sources] == [2]
+        got = one.sql("select part, count(*) as n from events group by part")
+        assert got["part"].tolist() == [2] and int(got["n"].iloc[0]) == int(n.loc[2, "n"])
+        assert one.manifest["rows"]["events"] == int(n.loc[2, "n"])
+    with pytest.raises(XpuprofError, match="no part"):
+        xpuprof.Trace(store, parts=[9])
 
 
 def test_one_rank_says_there_is_nothing_to_compare(tmp_path):

@@ -102,6 +102,23 @@ def diagnosis(
     return Result(tables=dict(done.tables), notes=list(done.notes), facts=dict(done.facts))
 
 
+def step_times(trace: Trace, *, ranks: Iterable[int] | None = None,
+               steps: StepSelection = None) -> pd.DataFrame:  # fmt: skip
+    """The ``steps`` table of :func:`diagnosis` alone (ns per category per rank, device and
+    step), without the events and the headline: what a cross-rank view needs of each rank."""
+    wanted = None if ranks is None else {int(r) for r in ranks}
+    parts = [int(s["part"]) for s in trace.sources
+             if wanted is None or (s["rank"] is not None and int(s["rank"]) in wanted)]  # fmt: skip
+    if not parts:
+        return pd.DataFrame()
+    paths = path_times(trace, parts)
+    rows = [_per_step(pt, w)[0] for pt, w in _units(trace, parts, steps, paths)]
+    if not rows:
+        return pd.DataFrame()
+    per_step = pd.concat(rows, ignore_index=True)
+    return per_step[[c for c in per_step.columns if not c.startswith("_idle_")]]
+
+
 def _diagnosis(trace: Trace, ranks, steps: StepSelection, top: int) -> Result:
     res = Result(facts={"steps": 0})
     wanted = None if ranks is None else {int(r) for r in ranks}

@@ -21,6 +21,10 @@ Definitions (times in ns; clocks aligned as the comm tool aligns them, ``docs/co
   category (``docs/advise.md``; waiting for others excluded, since that is the effect, not
   the cause) the excess of its time over the median's. ``cause`` is the largest positive one.
 - ``causes``: the holder's time per category against the median rank's, per step.
+- ``outliers`` (one row per rank and step, two steps or more): steps in which a rank held the
+  others back more than it usually does — its ``caused_ns`` against its own median over the
+  steps (``usual_ns``), at least 50 µs more per other rank. A rank late in every step is the
+  holder of every step; the one-off straggler (a node slow for a moment) is found here.
 - ``waits`` (one row per rank): its collectives, their time, how much of it was waiting for
   the last participant (``wait_ns``, the comm tool's per-collective wait) and how much was
   transfer (``transfer_ns`` = time − wait), how often it was last, and ``caused_ns`` over the
@@ -41,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from xpuprof.analysis.common import Result, missing_ranks_note
-from xpuprof.analysis.diagnosis import DESCRIPTION, diagnosis
+from xpuprof.analysis.diagnosis import DESCRIPTION, step_times
 from xpuprof.core.result import Presentation
 from xpuprof.core.text import human_time
 
@@ -56,6 +60,8 @@ STEP_COLUMNS = ["rank", "part", "step", "start", "step_ns", "comm_wait_ns", "bus
 SLOWEST_COLUMNS = ["step", "holder", "basis", "caused_ns", "last", "collectives",
                    "holder_step_ns", "median_step_ns", "late_start_ns", "cause", "cause_ns",
                    "ranks"]  # fmt: skip
+OUTLIER_COLUMNS = ["rank", "part", "step", "caused_ns", "usual_ns", "excess_ns", "late_start_ns",
+                   "busy_ns"]  # fmt: skip
 CAUSE_COLUMNS = ["step", "holder", "category", "holder_ns", "median_ns", "excess_ns"]
 WAIT_COLUMNS = ["rank", "part", "collectives", "collective_ns", "wait_ns", "transfer_ns",
                 "wait_pct", "times_last", "caused_ns"]  # fmt: skip
@@ -67,14 +73,20 @@ HOLD_FLOOR_NS = 50_000
 
 
 def rank_steps(
-    trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None
+    trace: Trace,
+    *,
+    ranks: Iterable[int] | None = None,
+    steps: StepSelection = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
 ) -> Result:
     """Step time per rank and step, the rank holding each step back and why, and collective
-    wait vs transfer per rank (module docstring). Facts: ``headline``, ``holder`` (the rank
-    holding back the most steps), ``held_steps``, ``steps``, ``ranks``."""
+    wait vs transfer per rank (module docstring). The per-rank critical paths are Dask tasks,
+    one rank each, for many ranks or when ``workers``/``scheduler`` say so
+    (:mod:`xpuprof.analysis.per_rank`). Facts: ``headline``, ``holder`` (the rank holding back
+    the most steps), ``held_steps``, ``steps``, ``ranks``."""
     res = Result()
-    diag = diagnosis(trace, ranks=ranks, steps=steps)
-    per = diag.tables.get("steps")
+    per = _per_rank_steps(trace, ranks, steps, workers, scheduler)
     if per is None or per.empty:
         res.notes.append("no steps to compare across ranks")
         return res
@@ -95,6 +107,7 @@ def rank_steps(
     rows["late_start_ns"] = rows["late_start_ns"].round().astype(np.int64)
     step_table = rows[STEP_COLUMNS].sort_values(["step", "rank", "part"]).reset_index(drop=True)
     slowest, causes = _slowest(rows)
+    outliers = _outliers(rows)
     heat = _heatmap(step_table)
     res.present["heatmap"] = Presentation(
         title="step time, rank × step", units=tuple((c, "ns") for c in heat.columns[1:])
@@ -104,14 +117,44 @@ def rank_steps(
         "heatmap": heat,
         "slowest": slowest,
         "causes": causes,
+        "outliers": outliers,
         "waits": _waits(trace, rows),
     }
     absent = missing_ranks_note(trace)
     if absent:
         res.notes.append(absent)
     res.notes += _notes(slowest)
-    res.facts = _facts(slowest, step_table)
+    res.facts = _facts(slowest, step_table, outliers)
     return res
+
+
+def part_steps(trace: Trace, steps: StepSelection = None) -> pd.DataFrame:
+    """The diagnosis' ``steps`` table of ``trace`` (one rank's view, in a per-rank task)."""
+    return step_times(trace, steps=steps)
+
+
+def _per_rank_steps(trace: Trace, ranks: Iterable[int] | None, steps: StepSelection,
+                    workers: int | None, scheduler: str | None) -> pd.DataFrame | None:  # fmt: skip
+    """The diagnosis' ``steps`` table of the selected ranks: in this process for a few ranks,
+    else one Dask task per rank, each seeded with its collectives' waits (the only input
+    that crosses ranks)."""
+    from xpuprof.analysis.comm import collective_waits
+    from xpuprof.analysis.per_rank import DASK_MIN_PARTS, map_parts
+
+    wanted = None if ranks is None else {int(r) for r in ranks}
+    parts = [int(s["part"]) for s in trace.sources
+             if wanted is None or (s["rank"] is not None and int(s["rank"]) in wanted)]  # fmt: skip
+    local = scheduler is None and (workers == 1 or (workers is None
+                                                    and len(parts) < DASK_MIN_PARTS))  # fmt: skip
+    if local:
+        return step_times(trace, ranks=ranks, steps=steps)
+    waits = collective_waits(trace)
+    key = ("analysis.comm.collective_waits",)
+    seeds = {p: {key: waits[waits["part"] == p].reset_index(drop=True)} for p in parts}
+    got = map_parts(trace, "xpuprof.analysis.ranks:part_steps", parts, seeds=seeds,
+                    kwargs={"steps": steps}, workers=workers, scheduler=scheduler)  # fmt: skip
+    frames = [got[p] for p in parts if len(got[p])]
+    return pd.concat(frames, ignore_index=True) if frames else None
 
 
 def clock_offsets(trace: Trace) -> dict[int, int]:
@@ -212,6 +255,24 @@ def _slowest(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return slowest, causes_df
 
 
+def _outliers(rows: pd.DataFrame) -> pd.DataFrame:
+    """Steps in which a rank held the others back more than it usually does: its
+    ``caused_ns`` against its own median over the selected steps (``usual_ns``), where the
+    excess reaches :data:`HOLD_FLOOR_NS` per other rank; largest excess first. A rank that
+    is late every step is the step's holder (``slowest``); this finds the one-off straggler
+    (a slow node for a moment, a preempted process, a page-cache miss) that a persistent
+    holder would hide. Needs two steps or more."""
+    if rows["step"].nunique() < 2:
+        return pd.DataFrame(columns=OUTLIER_COLUMNS)
+    usual = rows.groupby("part")["caused_ns"].transform("median")
+    others = rows.groupby("step")["part"].transform("size") - 1
+    out = rows.assign(usual_ns=usual.round().astype(np.int64))
+    out["excess_ns"] = out["caused_ns"] - out["usual_ns"]
+    out = out[out["excess_ns"] >= HOLD_FLOOR_NS * others]
+    out = out.sort_values(["excess_ns", "step", "rank"], ascending=[False, True, True])
+    return out[OUTLIER_COLUMNS].reset_index(drop=True)
+
+
 def _heatmap(steps: pd.DataFrame) -> pd.DataFrame:
     """Step time, one row per rank and one column per step (``step N``, ns)."""
     wide = steps.pivot_table(index="rank", columns="step", values="step_ns", aggfunc="first")
@@ -264,8 +325,18 @@ def _notes(slowest: pd.DataFrame) -> list[str]:
     return notes
 
 
-def _facts(slowest: pd.DataFrame, steps: pd.DataFrame) -> dict[str, object]:
+def _facts(slowest: pd.DataFrame, steps: pd.DataFrame,
+           outliers: pd.DataFrame) -> dict[str, object]:  # fmt: skip
     facts: dict[str, object] = {"steps": len(slowest), "ranks": int(steps["part"].nunique())}
+    one_off = ""
+    if len(outliers):
+        o = outliers.iloc[0]
+        facts["outlier_rank"] = None if pd.isna(o["rank"]) else int(o["rank"])
+        facts["outlier_step"] = None if pd.isna(o["step"]) else int(o["step"])
+        facts["outlier_excess_ns"] = int(o["excess_ns"])
+        one_off = (f" Rank {facts['outlier_rank']} in step {facts['outlier_step']} held the "
+                   f"others back {human_time(o['excess_ns'])} more than it usually does (a "
+                   "one-off straggler).")  # fmt: skip
     waited = slowest[slowest["basis"] == "waited for"]
     if waited.empty:
         facts["headline"] = (f"No rank held the others back in {len(slowest)} step(s) "
@@ -273,6 +344,7 @@ def _facts(slowest: pd.DataFrame, steps: pd.DataFrame) -> dict[str, object]:
                              f"{human_time(HOLD_FLOOR_NS)} per rank for another.")  # fmt: skip
         facts["holder"] = None
         facts["held_steps"] = 0
+        facts["headline"] += one_off
         return facts
     counts = waited["holder"].value_counts()
     holder = int(counts.index[0])
@@ -290,6 +362,6 @@ def _facts(slowest: pd.DataFrame, steps: pd.DataFrame) -> dict[str, object]:
                "rank's")  # fmt: skip
     facts["headline"] = (
         f"Rank {holder} held the job back in {len(mine)} of {len(slowest)} step(s): the other "
-        f"ranks waited {human_time(per_step)} per step for it in their collectives{why}."
+        f"ranks waited {human_time(per_step)} per step for it in their collectives{why}." + one_off
     )
     return facts

@@ -43,7 +43,9 @@ class Trace:
     is locked, and :meth:`sql` runs one SELECT statement per call (``docs/store.md``). The
     default is the unrestricted DuckDB of a local user (``xpuprof sql``). ``duckdb_config``:
     settings of the connection (``{"memory_limit": "2GB", "threads": 2}``), applied before a
-    restricted connection locks its configuration.
+    restricted connection locks its configuration. ``parts``: open only these parts (sources)
+    of the store — a view of some ranks, which reads none of the others' files: what a Dask
+    task analysing one rank of a large job opens (:mod:`xpuprof.analysis.per_rank`).
     """
 
     def __init__(
@@ -52,10 +54,13 @@ class Trace:
         *,
         restricted: bool = False,
         duckdb_config: dict[str, Any] | None = None,
+        parts: Iterable[int] | None = None,
         _cleanup: Path | None = None,
     ) -> None:
         self.path = Path(path).resolve()
         self.manifest = st.read_manifest(self.path)
+        if parts is not None:
+            self.manifest = _subset(self.manifest, {int(p) for p in parts}, self.path)
         self.restricted = restricted
         self.duckdb_config = dict(duckdb_config or {})
         self._con: duckdb.DuckDBPyConnection | None = None
@@ -319,6 +324,20 @@ class Trace:
             if isinstance(e, duckdb.IOException) and str(self.path) in str(e):
                 raise StoreError(f"{self.path}: damaged store ({e})") from None
             raise XpuprofError(f"SQL error: {e}") from None
+
+
+def _subset(manifest: dict[str, Any], parts: set[int], path: Path) -> dict[str, Any]:
+    """The manifest of the parts ``parts`` only (row totals recounted)."""
+    have = {int(s["part"]) for s in manifest["sources"]}
+    if not parts <= have:
+        raise XpuprofError(f"{path}: no part {sorted(parts - have)} in the store "
+                           f"(parts: {sorted(have)})")  # fmt: skip
+    sources = [s for s in manifest["sources"] if int(s["part"]) in parts]
+    rows: dict[str, int] = {}
+    for s in sources:
+        for t, n in s.get("rows", {}).items():
+            rows[t] = rows.get(t, 0) + int(n)
+    return {**manifest, "sources": sources, "rows": rows}
 
 
 def _sql_list(paths: list[Path]) -> str:

@@ -426,7 +426,7 @@ def whatif(
 
 def ranks(
     trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
-    path: bool = True,
+    path: bool = True, workers: int | None = None, scheduler: str | None = None,
 ) -> Result:  # fmt: skip
     """Cross-rank views (:func:`xpuprof.analysis.ranks.rank_steps`: step time per rank and
     step, the rank holding each step back and why, wait vs transfer per rank) and, with
@@ -434,7 +434,7 @@ def ranks(
     (:func:`xpuprof.sim.paths.job_path_tables`)."""
     from xpuprof.analysis.ranks import rank_steps
 
-    res = rank_steps(trace, ranks=ranks, steps=steps)
+    res = rank_steps(trace, ranks=ranks, steps=steps, workers=workers, scheduler=scheduler)
     if not path or "steps" not in res.tables:
         return res
     from xpuprof.sim import replay as run_replay
@@ -801,7 +801,13 @@ TOOLS: tuple[Tool, ...] = (
          "why, collective wait vs transfer per rank, and the job's critical path across ranks "
          "(docs/ranks.md).",
          options=(Option("path", "Also the job's critical path across ranks (replays the "
-                                 "trace).", True, bool, flag="--path/--no-path"),),
+                                 "trace).", True, bool, flag="--path/--no-path"),
+                  Option("workers", "Dask workers for the per-rank analysis (default: one "
+                                    "per core from 32 ranks up, else in this process).",
+                         type=int, local=True),
+                  Option("scheduler", "A Dask scheduler's address: analyse the ranks on "
+                                      "that cluster (the store must be readable there).",
+                         local=True)),
          present={"slowest": Presentation(title="who held each step back", all_rows=True,
                                           units=(("caused_ns", "ns"), ("holder_step_ns", "ns"),
                                                  ("median_step_ns", "ns"),
