@@ -57,9 +57,33 @@ def test_world_sizes_differ(tmp_path: Path) -> None:
 def test_process_groups_differ(tmp_path: Path) -> None:
     a = _rank(tmp_path, "a.json", 0, 2, _groups([0, 1]))
     b = _rank(tmp_path, "b.json", 1, 2, _groups([1, 2]))
-    with pytest.raises(XpuprofError, match=r"world size 2, process groups \w+: a.json; world "
-                                           r"size 2, process groups \w+: b.json"):
+    with pytest.raises(
+        XpuprofError,
+        match=r"world size 2, process groups \w+: a.json; world "
+        r"size 2, process groups \w+: b.json",
+    ):
         xpuprof.import_traces([a, b], tmp_path / "s")
+
+
+def test_ranks_listing_only_their_own_sub_groups_are_one_job(tmp_path: Path) -> None:
+    """torch writes into each rank's ``pg_config`` only the groups that rank belongs to: in a
+    4-rank job with two tensor-parallel pairs, ranks 0-1 list group "1" = [0, 1] and ranks
+    2-3 group "2" = [2, 3], all of them the world group "0". One job, imported together; a
+    fifth file defining group "1" as [1, 2] contradicts ranks 0-1 and is another job."""
+    world = _groups([0, 1, 2, 3])
+
+    def pair(name: str, ranks: list[int]) -> dict:
+        return {"pg_name": name, "pg_desc": "tp", "backend_config": "cuda:nccl", "pg_size": 2,
+                "ranks": ranks}  # fmt: skip
+
+    files = [_rank(tmp_path, f"r{r}.json", r, 4, world + [pair("1", [0, 1])]) for r in (0, 1)]
+    files += [_rank(tmp_path, f"r{r}.json", r, 4, world + [pair("2", [2, 3])]) for r in (2, 3)]
+    xpuprof.import_traces(files, tmp_path / "s")
+    with xpuprof.load(tmp_path / "s") as t:
+        assert sorted(t.ranks) == [0, 1, 2, 3]
+    other = _rank(tmp_path, "x.json", 1, 4, world + [pair("1", [1, 2])])
+    with pytest.raises(XpuprofError, match="different jobs"):
+        xpuprof.import_traces([*files, other], tmp_path / "s2")
 
 
 def test_files_without_distributed_info_are_not_judged(tmp_path: Path) -> None:

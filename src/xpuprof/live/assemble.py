@@ -4,6 +4,8 @@
 it in a child process (``live/remote.py``), so that reading the profiler's trace files,
 normalising and writing Parquet never take the job's core. torch's trace comes as one file per
 profiler segment (``capture/torch.py``): :func:`merge_segments` joins them into one trace.
+A rank of a distributed job adds its part to the store its job shares (``finish(join=True)``,
+``trace/rankparts.py``).
 """
 
 from __future__ import annotations
@@ -108,8 +110,12 @@ class Halted:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def finish(halted: Halted, out: str | Path) -> Any:
-    """Merge a stopped capture's pieces into one normalized trace and write it as a store."""
+def finish(halted: Halted, out: str | Path, *, join: bool = False) -> Any:
+    """Merge a stopped capture's pieces into one normalized trace and write it as a store.
+
+    ``join``: the capture is one rank of a distributed job (its settings' ``distributed``,
+    ``live/job.py``): its part joins the store ``out`` that the job's other ranks write too
+    (``trace/rankparts.py``), as part number = its rank; else ``out`` must be new or empty."""
     from xpuprof.core.raw import RawTrace, concat_tables, count_entries, next_index
     from xpuprof.trace.ingest import store_raw
 
@@ -136,8 +142,24 @@ def finish(halted: Halted, out: str | Path) -> Any:
     settings = dict(halted.settings)
     top["xpuprof_capture"] = settings
     top.setdefault("host_name", settings.get("host_name"))
+    me = settings.get("distributed") if join else None
+    path = f"capture:{settings.get('pid')}"
+    if me is not None:
+        from xpuprof.live.job import distributed_info
+
+        # torch.profiler's distributedInfo (op level) lacks the process groups: add them;
+        # captures without it (step, layer levels) get torch.distributed's facts; a launcher's
+        # variables are not torch's statement: those stay in xpuprof_capture (rank_from)
+        if me["rank_from"] == "torch.distributed":
+            dist = top.get("distributedInfo")
+            top["distributedInfo"] = {**distributed_info(me), **(dist if isinstance(dist, dict)
+                                                                 else {})}  # fmt: skip
+        # the groups once per part, there (a rank's list of every group's ranks grows with
+        # the job, and the manifest every rank rewrites holds them all)
+        settings["distributed"] = {k: v for k, v in me.items() if k != "pg_config"}
+        path = f"capture:{me['host']}:{settings.get('pid')}:rank{me['rank']}"
     raw = RawTrace(
-        path=f"capture:{settings.get('pid')}",
+        path=path,
         tables=tables,
         read_phase=phase,
         read_category=cat,
@@ -148,6 +170,10 @@ def finish(halted: Halted, out: str | Path) -> Any:
         compressed=False,
         format="xpuprof-capture",
     )
+    if me is not None:
+        from xpuprof.trace.rankparts import add_rank_part
+
+        return add_rank_part(raw, out, me)
     return store_raw([raw], out)
 
 

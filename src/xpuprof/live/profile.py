@@ -21,6 +21,12 @@ Telemetry (CPU, memory; GPU through NVML) is sampled in the background at every 
 The pieces are merged into one normalized trace before anything is written: the profiler's
 own trace (Kineto JSON, the only way torch exports it) plus our spans as raw columns, so an aten
 op nests inside the layer span that ran it.
+
+Many ranks: in one rank of a distributed job (``torch.distributed`` initialised, or a launcher's
+``RANK``/``WORLD_SIZE``: ``live/job.py``) every rank names the same ``out`` and adds its own part
+to that one store (part number = rank), with its rank, world size, local rank, host, backend and
+process groups in the part's capture settings (``xpuprof_capture.distributed``);
+``trace/rankparts.py`` says why this is safe against concurrent ranks and crashes.
 """
 
 from __future__ import annotations
@@ -95,11 +101,16 @@ class Profile:
     wrapped whole. Without it, everything inside the ``with`` block is recorded.
 
     ``workdir``: where the framework's trace files go while recording (a temporary folder,
-    removed afterwards, by default; a given one is the caller's to remove). ``segment_ms``:
+    removed afterwards, by default; a given one is the caller's to remove; in a distributed
+    job each rank uses its own ``rankR`` folder in it). ``segment_ms``:
     restart torch's profiler at step boundaries so that stopping it never stalls the job much
     longer than this (:class:`~xpuprof.capture.torch.TorchProfiler`; the remote capture uses
     it); None records in one piece. ``kernels``: record device activity (kernels, copies) on a
     GPU at levels ``op``/``full``; False records host ops only.
+
+    In a distributed job every rank passes the same ``out``: each adds its part (part number =
+    its rank) to that store; a store of another job, or one that already holds this rank, is
+    refused when recording would start (``docs/capture.md``, "Many ranks (torchrun)").
 
     Set in the environment, ``XPUPROF_LEVEL`` (model, layer, op, kernel) and ``XPUPROF_OUT``
     replace the level and the store: ``xpuprof leveled`` reruns a script once per level that
@@ -166,6 +177,7 @@ class Profile:
         self._work: Path | None = None
         self._own_work = False
         self._settings: dict[str, Any] = {}
+        self._dist: dict[str, Any] | None = None
 
     def _leveled(self, override: str, model: Any, out: Any) -> tuple[str, bool, Any]:
         """The capture ``xpuprof leveled`` asks for through :data:`LEVEL_ENV` and
@@ -212,8 +224,13 @@ class Profile:
         }
         if self.leveled is not None:
             self._settings["leveled"] = self.leveled
+        self._dist = self._distributed()
+        if self._dist is not None:
+            self._settings["distributed"] = self._dist
         if self.workdir is not None:
             self._work, self._own_work = self.workdir, False
+            if self._dist is not None:  # ranks given one workdir must not share trace files
+                self._work = self.workdir / f"rank{self._dist['rank']}"
             self._work.mkdir(parents=True, exist_ok=True)
         else:
             self._work, self._own_work = Path(tempfile.mkdtemp(prefix="xpuprof-capture-")), True
@@ -227,6 +244,20 @@ class Profile:
                 shutil.rmtree(self._work, ignore_errors=True)
             raise
         self._recording = True
+
+    def _distributed(self) -> dict[str, Any] | None:
+        """This process's rank and job (``live/job.py``) if it is one rank of a distributed
+        job; its part then joins the store ``out`` that every rank names. A store this rank
+        cannot join (another job's, a single-process capture, its own rank already there) is
+        refused here, before anything is recorded."""
+        from xpuprof.live.job import detect
+
+        me = detect()
+        if me is not None and self.out is not None:
+            from xpuprof.trace.rankparts import check_join
+
+            check_join(self.out, me)
+        return me
 
     def _start_recorders(self, fw: str) -> None:
         from xpuprof.capture import annotate
@@ -288,7 +319,7 @@ class Profile:
         if out is None:
             out = Path(tempfile.mkdtemp(prefix="xpuprof-capture-")) / "store"
         try:
-            self.report = finish(halted, out)
+            self.report = finish(halted, out, join=self._dist is not None)
         finally:
             halted.cleanup()
         self.out = Path(self.report.store)
@@ -392,8 +423,9 @@ class Profile:
             # torch's intra-op thread count (what at::parallel_for and the BLAS use; the
             # what-if change threads=N scales from it); None when torch is not imported
             "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
-            # the store's rank when torch.distributed is not initialised (torchrun sets RANK)
-            "rank": int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None,
+            # the store's rank when the trace states none (live/job.py: torch.distributed,
+            # else the launcher's RANK, MPI or Slurm variables)
+            "rank": self._dist["rank"] if self._dist is not None else None,
         }
         if collected is not None:
             settings.update(
@@ -448,10 +480,12 @@ class Profile:
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         global _ACTIVE
         _ACTIVE = None
         if self._recording:
+            if exc is not None:  # what was recorded is still written; the part says why it ended
+                self._settings["ended_by"] = f"{type(exc).__name__}: {exc}"[:500]
             self._stop()
 
     def __call__(self, fn: Any) -> Any:

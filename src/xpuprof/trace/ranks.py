@@ -106,29 +106,63 @@ def job_of(top: dict[str, Any]) -> tuple[Any, str | None]:
     return (world if _is_rank(world) else None), digest
 
 
+def groups_of(top: dict[str, Any]) -> dict[str, str]:
+    """The process groups a source's ``distributedInfo`` defines, by name: their definition
+    (description, size and ranks) as text. Each rank lists only the groups it belongs to
+    (torch builds ``pg_config`` from the process's own groups), so two ranks of one job agree
+    on every group both list, not on the whole list."""
+    import json
+
+    dist = top.get("distributedInfo")
+    pgs = dist.get("pg_config") if isinstance(dist, dict) else None
+    if not isinstance(pgs, list):
+        return {}
+    out = {}
+    for g in pgs:
+        if isinstance(g, dict) and "pg_name" in g:
+            what = {k: g.get(k) for k in ("pg_desc", "pg_size", "ranks")}
+            out[str(g["pg_name"])] = json.dumps(what, sort_keys=True, default=str)
+    return out
+
+
 def mixed_jobs(entries: list[dict[str, Any]]) -> str | None:
     """Why these sources (manifest entries, ``meta`` holding each file's top-level facts) are
     not the ranks of one job, in one line naming the files, or None: their world sizes differ,
-    or, for equal world sizes, the process groups they define differ."""
-    jobs: dict[tuple[Any, str | None], list[str]] = {}
+    or a process group of one name is defined differently (other ranks, size or purpose) by
+    two of them. Ranks listing different groups are one job when the groups they share agree
+    (:func:`groups_of`)."""
+    import hashlib
+
+    jobs: list[tuple[Any, dict[str, str], list[str]]] = []
     for e in entries:
-        world, digest = job_of(e.get("meta") or {})
-        if world is not None:
-            jobs.setdefault((world, digest), []).append(Path(e["path"]).name)
-    worlds = {w for w, _ in jobs}
-    groups = {(w, d) for w, d in jobs if d is not None}
-    if len(worlds) < 2 and len(groups) < 2:
+        top = e.get("meta") or {}
+        world, _ = job_of(top)
+        if world is None:
+            continue
+        mine = groups_of(top)
+        for w, groups, names in jobs:
+            if w == world and all(groups.get(k, v) == v for k, v in mine.items()):
+                groups.update(mine)
+                names.append(Path(e["path"]).name)
+                break
+        else:
+            jobs.append((world, dict(mine), [Path(e["path"]).name]))
+    if len(jobs) < 2:
         return None
+    same_world = len({w for w, _, _ in jobs}) < len(jobs)
 
     def files(names: list[str]) -> str:
         shown = ", ".join(sorted(names)[:3])
         return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
-    def what(w: Any, d: str | None) -> str:
-        return f"world size {w}" + (f", process groups {d}" if len(groups) > 1 and d else "")
+    def what(w: Any, groups: dict[str, str]) -> str:
+        if not (same_world and groups):
+            return f"world size {w}"
+        digest = hashlib.sha256(repr(sorted(groups.items())).encode()).hexdigest()[:12]
+        return f"world size {w}, process groups {digest}"
 
-    parts = "; ".join(f"{what(w, d)}: {files(n)}" for (w, d), n in sorted(
-        jobs.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")))  # fmt: skip
+    parts = "; ".join(f"{what(w, g)}: {files(n)}" for w, g, n in sorted(
+        jobs, key=lambda j: (j[0], sorted(j[2]))))  # fmt: skip
     return (f"these traces are ranks of different jobs ({parts}); import each job into its own "
             "store, or pass --mixed to keep them together (collectives are then compared "
             "within each job only)")  # fmt: skip
@@ -138,5 +172,5 @@ def _is_rank(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
 
 
-__all__ = ["RANK_FROM", "RankHint", "job_of", "mixed_jobs", "rank_from_name", "rank_hints",
-           "source_rank"]  # fmt: skip
+__all__ = ["RANK_FROM", "RankHint", "groups_of", "job_of", "mixed_jobs", "rank_from_name",
+           "rank_hints", "source_rank"]  # fmt: skip
