@@ -358,6 +358,50 @@ def test_leveled_command_reruns_a_script_per_level(tmp_path: Path) -> None:
     assert levels["model"]["median_ms"] == pytest.approx(median_interval(durs)[0] / 1e6)
 
 
+TORCHRUN_SCRIPT = """
+import torch, torch.distributed as dist, xpuprof
+dist.init_process_group("gloo")
+torch.set_num_threads(1)
+net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+x = torch.randn(8, 32)
+with xpuprof.profile(model=net, warmup=1, steps=6):
+    for i in range(8):
+        xpuprof.step(i)
+        loss = net(x).sum()
+        opt.zero_grad()
+        loss.backward()
+        for p in net.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_leveled_command_under_torchrun(tmp_path: Path) -> None:
+    """``xpuprof leveled -- torchrun --nproc-per-node 2 train.py``: each level's store holds
+    both ranks' parts; the levels are measured and merged on rank 0's (step times equal rank
+    0's step spans in the model store), and a note says so."""
+    pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    out = tmp_path / "lv"
+    p = _cli("leveled", "-o", str(out), "--levels", "model,layer", "--max-runs", "1", "--json",
+             "--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+             str(script), cwd=tmp_path)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert any("ran 2 ranks" in n and "rank 0" in n for n in doc["notes"])
+    with xpuprof.load(out / "model.store") as t:
+        assert sorted(t.ranks) == [0, 1]
+        durs = t.sql("select dur from events where level = 'step' and rank = 0 order by ts")
+    levels = {r["level"]: r for r in doc["tables"]["levels"]}
+    assert levels["model"]["steps"] == 5  # 6 steps recorded, the first settles
+    assert levels["model"]["median_ms"] == pytest.approx(
+        median_interval(sorted(durs["dur"].tolist()[1:]))[0] / 1e6
+    )
+
+
 def test_leveled_command_without_model_and_failing(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="torch is an optional extra: pip install torch")
     script = tmp_path / "train.py"

@@ -46,9 +46,11 @@ from xpuprof.live.levelmerge import (
     LEVELS,
     Leveled,
     LevelRun,
+    first_rank,
     interval,
     median_interval,
     merge,
+    ranks_note,
     relative_width,
 )
 from xpuprof.live.profile import LEVEL_ENV, LEVELED, OUT_ENV
@@ -283,6 +285,9 @@ def leveled_script(
                 notes.append(why)
                 continue
             runs.append(run)
+        many = ranks_note(runs[0].stores[0]) if runs and runs[0].stores else None
+        if many:
+            notes.append(many)
         result = merge(runs, root, notes=notes, samples=samples)
     return _publish(result, final)
 
@@ -341,14 +346,13 @@ def _run_script(argv: Sequence[str], level: str, store: Path, timeout: float | N
 
 def _script_level_problem(store: Path, level: str) -> str:
     from xpuprof.trace.store import is_store
-    from xpuprof.trace.trace import Trace
 
     if not is_store(store):
         return (
             f"{level}: the script wrote no store; it must run its steps inside "
             "xpuprof.profile(...), which records what XPUPROF_LEVEL asks into XPUPROF_OUT"
         )
-    with Trace(store) as t:
+    with first_rank(store) as t:
         got = ((t.meta["sources"][0]["meta"] or {}).get("xpuprof_capture") or {}).get("leveled")
     if got == "layer-without-model":
         return ("layer level skipped: the script's xpuprof.profile(...) has no model= to hook "
@@ -356,7 +360,7 @@ def _script_level_problem(store: Path, level: str) -> str:
     if got != level:
         return f"{level}: the script's store was not recorded at that level ({got!r})"
     if level == "kernel":
-        with Trace(store) as t:
+        with first_rank(store) as t:
             dev = t.sql("select count(*) n from events where device >= 0")["n"].iat[0]
         if not dev:
             return "kernel level: its run recorded no device activity (no GPU in use)"
@@ -365,9 +369,8 @@ def _script_level_problem(store: Path, level: str) -> str:
 
 def _step_times(store: Path, settle: int) -> list[tuple[int, int]]:
     """(step number, duration ns) of the store's step spans, the first ``settle`` left out."""
-    from xpuprof.trace.trace import Trace
 
-    with Trace(store) as t:
+    with first_rank(store) as t:
         s = t.sql("select step, dur from events where level = 'step' and dur is not null "
                   "and step is not null order by ts")  # fmt: skip
     rows = [(int(n), int(d)) for n, d in zip(s["step"], s["dur"], strict=True)]

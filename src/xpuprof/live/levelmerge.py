@@ -198,6 +198,32 @@ def shown(tree: Any) -> Any:
 # -- merging --------------------------------------------------------------------------------------
 
 
+def first_rank(store: Any) -> Any:
+    """The store of one level's run as a Trace of its lowest rank only: a distributed job's
+    levels (``xpuprof leveled -- torchrun ...``) hold one part per rank, and the levels are
+    merged on one rank (the ranks of a synchronous job step together)."""
+    from xpuprof.trace.trace import Trace
+
+    t = Trace(store)
+    if len(t.sources) < 2:
+        return t
+    first = min(t.sources, key=lambda s: (s.get("rank") is None, s.get("rank") or 0, s["part"]))
+    t.close()
+    return Trace(store, parts=[int(first["part"])])
+
+
+def ranks_note(store: Any) -> str | None:
+    """A note when a level's store holds several ranks (merged on the lowest rank)."""
+    from xpuprof.trace.trace import Trace
+
+    with Trace(store) as t:
+        ranks = sorted({s.get("rank") for s in t.sources if s.get("rank") is not None})
+    if len(ranks) < 2:
+        return None
+    return (f"the script ran {len(ranks)} ranks: every rank recorded each level; the levels are "
+            f"measured and merged on rank {ranks[0]}'s (a synchronous job's ranks step together)")
+
+
 def units(trace: Any, steps: set[int] | None = None) -> Any:
     """Every unit of the given steps (all: None) with its key (module docstring): columns
     ``id, key, parent_key, level, category, name, ts, dur, step, pid, tid, args``; host units
@@ -283,7 +309,6 @@ def merge(
 ) -> Leveled:
     """Merge the levels' runs (module docstring) into the tree, the levels table and the
     ``merged`` store under ``root``."""
-    from xpuprof.trace.trace import Trace
 
     notes = list(notes or [])
     if not runs:
@@ -294,7 +319,7 @@ def merge(
         times: dict[str, list[float]] = defaultdict(list)
         calls: dict[str, list[int]] = defaultdict(list)
         for s_index, store in enumerate(run.stores):
-            with Trace(store) as t:
+            with first_rank(store) as t:
                 u = units(t)
             if j == len(runs) - 1 and s_index == 0:
                 skeleton = _representative(u, run)
