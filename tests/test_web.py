@@ -298,6 +298,20 @@ def test_every_tool_answers(server, web_root, traces):
             tools.document(tool.name, traces("alexnet")))), tool.name  # fmt: skip
 
 
+def test_ranks_page_charts_the_holder(server, web_root):
+    """The cross-rank tool on the 8-rank DLRM job through the API: rank 7 holds the step
+    (``tests/test_ranks.py`` checks it against the raw JSON), its step-time heat map has one row
+    per rank, and the wait/transfer chart's caused-wait bar is highest for rank 7."""
+    need(web_root, "dlrm")
+    status, body = get_json(f"{server}api/s/dlrm/tools/ranks")
+    assert status == 200, body
+    assert body["document"]["facts"]["holder"] == 7
+    figs = {f["id"]: f for f in body["figures"]}
+    assert len(figs["step-heatmap"]["data"][0]["y"]) == 8
+    caused = next(d for d in figs["rank-waits"]["data"] if d["name"] == "others waited for it")
+    assert caused["x"][max(range(8), key=lambda i: caused["y"][i])] == "rank 7"
+
+
 def test_diff_api(server, web_root, traces):
     need(web_root, "dlrm")
     need(web_root, "alexnet")
