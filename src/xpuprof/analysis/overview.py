@@ -185,7 +185,7 @@ def _rank_key(rank: object) -> int:
 def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFrame, set[int]]:
     """The breakdown of each step window, and the ranks without device events (keys as
     :func:`_rank_key`)."""
-    cols = "select rank, device, level, name, ts, dur from events where dur is not null and "
+    cols = "select id, rank, device, level, name, ts, dur from events where dur is not null and "
     ev = _device_work(trace, w)
     # framework ops are the compute of ranks without device events only (a CPU run): read
     # them for those ranks alone (they are most of a GPU trace's rows)
@@ -214,6 +214,7 @@ def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFra
         step_rows.loc[host, "dur"] = end.to_numpy() - starts
     ev_rank = ev["rank"].fillna(-1)
     inp_rank = inp["rank"].fillna(-1)
+    host_coll, host_members = _host_collectives(trace)
     rows = []
     host_only: set[int] = set()
     units = ["rank", "device"] if per_device else ["rank"]
@@ -228,6 +229,12 @@ def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFra
             host_only.add(key)
             dev = re_[re_.level.isin(["op", "layer"])]
             kinds = np.full(len(dev), "compute", dtype=object)
+            # its host collectives (gloo spans, analysis.comm.host) are its communication
+            hc = host_coll[host_coll["rank"] == key]
+            if "id" in dev:  # a c10d op chosen as the collective, and what runs inside it
+                kinds[dev["id"].isin(host_members["id"]).to_numpy()] = "communication"
+            dev = pd.concat([dev, hc[dev.columns.intersection(hc.columns)]], ignore_index=True)
+            kinds = np.r_[kinds, np.full(len(hc), "communication", dtype=object)]
         else:
             kinds = dev.work.to_numpy()
         groups = _groups(dev, kinds)
@@ -241,6 +248,18 @@ def _per_step(trace: Trace, w: str, step_rows: pd.DataFrame) -> tuple[pd.DataFra
                          "step": st.step, "step_ns": t1 - t0,
                          **{f"{p}_ns": parts[p] for p in PARTS}})  # fmt: skip
     return pd.DataFrame(rows), host_only
+
+
+def _host_collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The host collectives (``analysis.comm.host``) with their rank (-1: none), and the ids
+    of the host events that are theirs (``host_collective_members``)."""
+    from xpuprof.analysis.comm.host import host_collective_ids, host_collective_members
+
+    hc = host_collective_ids(trace)
+    rank_of = {int(s["part"]): s.get("rank") for s in trace.sources}
+    r = hc["part"].map(lambda p: rank_of.get(int(p)))
+    hc = hc.assign(rank=r.fillna(-1).astype(np.int64) if len(hc) else r)
+    return hc, host_collective_members(trace)
 
 
 def _device_work(trace: Trace, w: str) -> pd.DataFrame:

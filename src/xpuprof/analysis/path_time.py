@@ -47,6 +47,7 @@ from xpuprof.analysis.path_state import (
     covered,
     device_events,
     innermost,
+    inside,
     kind_rows,
     unique_sorted,
 )
@@ -119,10 +120,13 @@ def path_times(trace: Trace, parts: list[int]) -> dict[int, PathTime]:
         inputs = _input_claims(trace, todo)
         host_comm = _host_collectives(trace, todo)
         comm_waits = _comm_waits(trace, todo)
+        host_waits = _comm_waits(trace, todo, "host")
         for p in todo:
             d = dev.get(p)
             state = DeviceState.of(d, comm_waits.get(p))
-            memo[p] = _path_time(trace, graphs[p], state, inputs.get(p), host_comm.get(p))
+            hw = host_waits.get(p)
+            memo[p] = _path_time(trace, graphs[p], state, inputs.get(p), host_comm.get(p),
+                                 None if hw is None else merge_intervals(*hw))  # fmt: skip
             per_device[p] = {}
             if memo[p].source == "device" and d is not None and d.device.nunique() > 1:
                 # several chips and no host links: each chip's timeline is its own path (a
@@ -192,22 +196,37 @@ def _input_claims(trace: Trace, parts: list[int]) -> dict[int, Claims | None]:
 
 
 def _host_collectives(trace: Trace, parts: list[int]) -> dict[int, Claims | None]:
-    """Collectives that run on the host (gloo's ``gloo:<collective>`` spans, on its own
-    threads): while one runs, untraced time of the path waits for it."""
-    sql = ", ".join(map(str, parts))
-    df = trace.sql(f"select part, id, ts, dur from events where part in ({sql}) and device < 0 "
-                   "and dur > 0 and starts_with(lower(name), 'gloo:')")  # fmt: skip
+    """Collectives that run on the host, as the comm tool chooses them
+    (``analysis.comm.host``: gloo's ``gloo:<collective>`` spans on its worker threads, else
+    the ``c10d::`` ops of a synchronous backend): while one runs, untraced time of the path
+    waits for it, and a ``c10d::`` op chosen as the collective is communication itself."""
+    from xpuprof.analysis.comm.host import host_collective_ids
+
+    df = host_collective_ids(trace)
+    df = df[df["part"].isin(parts) & (df["dur"] > 0)]
     return {int(p): Claims.of(g) for p, g in df.groupby("part")}
 
 
-def _comm_waits(trace: Trace, parts: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per part, the intervals where its collectives waited for the last participant."""
+def _host_collective_events(trace: Trace, part: int) -> np.ndarray:
+    """The ids of the part's host collectives and of the events inside them on their
+    thread (``analysis.comm.host.host_collective_members``), sorted: time charged to any
+    of them is the collective's."""
+    from xpuprof.analysis.comm.host import host_collective_members
+
+    df = host_collective_members(trace)
+    return np.sort(df.loc[df["part"] == part, "id"].to_numpy(np.int64))
+
+
+def _comm_waits(trace: Trace, parts: list[int],
+                where: str = "device") -> dict[int, tuple[np.ndarray, np.ndarray]]:  # fmt: skip
+    """Per part, the intervals where its collectives (those running ``where``: ``device``
+    or ``host``) waited for the last participant."""
     from xpuprof.analysis.comm import collective_waits
 
     w = collective_waits(trace)
     if w.empty:
         return {}
-    w = w[w.wait_ns > 0]
+    w = w[(w.wait_ns > 0) & (w["where"] == where)]
     out = {}
     for p, g in w.groupby("part"):
         if int(p) in parts:
@@ -220,7 +239,8 @@ def _comm_waits(trace: Trace, parts: list[int]) -> dict[int, tuple[np.ndarray, n
 
 
 def _path_time(trace: Trace, g: DependencyGraph, state: DeviceState, inputs: Claims | None,
-               host_comm: Claims | None) -> PathTime:  # fmt: skip
+               host_comm: Claims | None,
+               host_waits: tuple[np.ndarray, np.ndarray] | None = None) -> PathTime:  # fmt: skip
     """Longest path of ``g`` (with inferred sync edges), cut into labelled pieces."""
     notes = list(g.notes)
     if not len(g.nodes) or not (g.nodes.kind >= NodeKind.DEVICE_START).any():
@@ -246,8 +266,9 @@ def _path_time(trace: Trace, g: DependencyGraph, state: DeviceState, inputs: Cla
         cat = np.r_[CODE["outside_ops"], cat, CODE["outside_ops"]]
         event, latency = np.r_[-1, event, -1], np.r_[False, latency, False]
     threads = HostState.of(g, info)
+    own = _host_collective_events(trace, g.part) if host_comm is not None else None
     start, end, cat, event = _refine(start, end, cat, event, latency, state, threads, inputs,
-                                     host_comm)  # fmt: skip
+                                     host_comm, host_waits, own)  # fmt: skip
     busy = state.at(start) >= 0
     return PathTime(g.part, g.rank, start, end, cat, event, busy, "graph", inferred,
                     tuple(notes))  # fmt: skip
@@ -473,13 +494,18 @@ def _base_category(kind: np.ndarray, event: np.ndarray, info: CallInfo) -> np.nd
 
 
 def _refine(start, end, cat, event, latency, state: DeviceState, threads: HostState,
-            inputs: Claims | None, host_comm: Claims | None) -> tuple:  # fmt: skip
+            inputs: Claims | None, host_comm: Claims | None,
+            host_waits: tuple[np.ndarray, np.ndarray] | None = None,
+            host_ids: np.ndarray | None = None) -> tuple:  # fmt: skip
     """Cut host, gap and collective pieces at the boundaries of the other threads' work,
     input spans, host collectives and device states, and relabel them, in this order:
 
     1. time outside ops while another thread of the process runs an op or a call is what
        that thread runs (the backward pass on autograd's thread, a pin-memory thread);
-    2. untraced host time while a host collective (gloo) runs is ``communication``;
+    2. untraced host time while a host collective (gloo) runs, and the time of a host op
+       chosen as the collective itself (``c10d::``, synchronous backends), is
+       ``communication`` — ``comm_wait`` while it waits for the last participant
+       (``host_waits``);
     3. host time inside an input span is ``input`` (a blocking call excepted: it is the more
        precise answer);
     4. blocked time, time in other runtime calls (many synchronise implicitly: ``cudaFree``,
@@ -496,7 +522,8 @@ def _refine(start, end, cat, event, latency, state: DeviceState, threads: HostSt
     is_host = np.isin(cat, [CODE[c] for c in HOST]) & ~latency
     refine = is_host | latency | np.isin(cat, [CODE["communication"], CODE["device_gap"]])
     claims = [c for c in (inputs, host_comm) if c is not None]
-    c = unique_sorted(np.concatenate([state.bounds, *state.waits, threads.bounds,
+    hw = [] if host_waits is None else list(host_waits)
+    c = unique_sorted(np.concatenate([state.bounds, *state.waits, *hw, threads.bounds,
                                   *(x for cl in claims for x in (cl.lo, cl.hi))]))  # fmt: skip
     lo = np.searchsorted(c, start, side="right")
     hi = np.searchsorted(c, end, side="left")
@@ -515,6 +542,11 @@ def _refine(start, end, cat, event, latency, state: DeviceState, threads: HostSt
     if host_comm is not None:
         on = host & (p_cat == CODE["outside_ops"]) & host_comm.covers(p_start)
         p_cat[on], p_event[on] = CODE["communication"], host_comm.id_at(p_start[on])
+        if host_ids is not None:  # the collective's own span (a c10d op, a gloo span)
+            p_cat[host & np.isin(p_event, host_ids)] = CODE["communication"]
+        if host_waits is not None:
+            on = (p_cat == CODE["communication"]) & host & inside(*host_waits, p_start)
+            p_cat[on] = CODE["comm_wait"]
     if inputs is not None:
         on = host & np.isin(p_cat, [CODE[x] for x in HOST - {"sync"}]) & inputs.covers(p_start)
         p_cat[on], p_event[on] = CODE["input"], inputs.id_at(p_start[on])

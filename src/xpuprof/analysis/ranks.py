@@ -96,7 +96,9 @@ def rank_steps(
                          "trace of the job into one store)")  # fmt: skip
         return res
     offsets = clock_offsets(trace)
-    rows = per.assign(start=per["ts"] - per["part"].map(offsets).fillna(0).astype(np.int64))
+    unknown = sorted(p for p, o in offsets.items() if o is None)
+    shift = per["part"].map(offsets).astype("Int64")
+    rows = per.assign(start=per["ts"].astype("Int64") - shift)
     rows = rows.assign(busy_ns=rows["step_ns"] - rows["comm_wait_ns"])
     # medians of offsets from the earliest start: a float64 of a ~1.7e18 ns time is off by µs
     rel = rows["start"] - rows["start"].min()
@@ -104,7 +106,7 @@ def rank_steps(
     held = _held(trace, rows)
     rows = rows.merge(held, on=["part", "step"], how="left")
     rows[["caused_ns", "last"]] = rows[["caused_ns", "last"]].fillna(0).astype(np.int64)
-    rows["late_start_ns"] = rows["late_start_ns"].round().astype(np.int64)
+    rows["late_start_ns"] = rows["late_start_ns"].round().astype("Int64")
     step_table = rows[STEP_COLUMNS].sort_values(["step", "rank", "part"]).reset_index(drop=True)
     slowest, causes = _slowest(rows)
     outliers = _outliers(rows)
@@ -123,6 +125,11 @@ def rank_steps(
     absent = missing_ranks_note(trace)
     if absent:
         res.notes.append(absent)
+    if unknown:
+        names = ", ".join(f"rank {r}" if (r := _rank(trace, p)) is not None else f"part {p}"
+                          for p in unknown)  # fmt: skip
+        res.notes.append(f"the clock of {names} could not be aligned (no collective matched "
+                         "with another rank): its start and late start are left blank")  # fmt: skip
     res.notes += _notes(slowest)
     res.facts = _facts(slowest, step_table, outliers)
     return res
@@ -157,19 +164,20 @@ def _per_rank_steps(trace: Trace, ranks: Iterable[int] | None, steps: StepSelect
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def clock_offsets(trace: Trace) -> dict[int, int]:
-    """Per part, the ns to subtract from its times to put it on the common clock: the comm
-    tool's alignment (``docs/comm.md``); 0 where it has none."""
-    from xpuprof.analysis.comm import collectives
+def clock_offsets(trace: Trace) -> dict[int, int | None]:
+    """Per part, the ns to subtract from its times to put it on the common clock (the comm
+    tool's alignment, :func:`xpuprof.analysis.comm.clocks.clock_offsets`); None for a part
+    whose collectives match no other's (its clock is unknown: it is left out of the
+    comparisons of starts)."""
+    from xpuprof.analysis.comm.clocks import clock_offsets as solved
 
-    res = collectives(trace)
-    if "clock" not in res.tables:
-        return {}
-    coll = res.tables["collectives"]
-    part_of = coll.drop_duplicates("participant").set_index("participant")["part"]
-    clock = res.tables["clock"]
-    pairs = zip(clock["participant"], clock["offset_ns"], strict=True)
-    return {int(part_of[p]): int(o) for p, o in pairs if p in part_of.index}
+    table = solved(trace)
+    return {int(p): (None if pd.isna(o) else int(o))
+            for p, o in zip(table["part"], table["offset_ns"], strict=True)}  # fmt: skip
+
+
+def _rank(trace: Trace, part: int) -> int | None:
+    return next((s.get("rank") for s in trace.sources if int(s["part"]) == part), None)
 
 
 def _held(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
@@ -229,25 +237,27 @@ def _slowest(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             h, basis = g.iloc[int(np.argmax(g["step_ns"].to_numpy()))], "longest step"
         med = g[[f"{c}_ns" for c in cats]].median()
         excess = {c: float(h[f"{c}_ns"] - med[f"{c}_ns"]) for c in cats}
-        excess["late start"] = float(h["late_start_ns"])
+        excess["late start"] = 0.0 if pd.isna(h["late_start_ns"]) else float(h["late_start_ns"])
         cause = max(excess, key=excess.__getitem__)
         causes += [{"step": step, "holder": h["rank"], "category": c,
                     "holder_ns": int(h[f"{c}_ns"]), "median_ns": int(round(med[f"{c}_ns"])),
                     "excess_ns": int(round(excess[c]))} for c in cats]  # fmt: skip
-        causes.append({"step": step, "holder": h["rank"], "category": "late start",
-                       "holder_ns": int(h["late_start_ns"]), "median_ns": 0,
-                       "excess_ns": int(h["late_start_ns"])})  # fmt: skip
+        if not pd.isna(h["late_start_ns"]):
+            causes.append({"step": step, "holder": h["rank"], "category": "late start",
+                           "holder_ns": int(h["late_start_ns"]), "median_ns": 0,
+                           "excess_ns": int(h["late_start_ns"])})  # fmt: skip
         out.append({
             "step": step, "holder": h["rank"], "basis": basis, "caused_ns": int(h["caused_ns"]),
             "last": int(h["last"]), "collectives": int(g["last"].sum()),
             "holder_step_ns": int(h["step_ns"]), "median_step_ns": int(g["step_ns"].median()),
-            "late_start_ns": int(h["late_start_ns"]),
+            "late_start_ns": h["late_start_ns"],
             "cause": cause if excess[cause] > 0 else None,
             "cause_ns": int(round(excess[cause])) if excess[cause] > 0 else 0,
             "ranks": len(g),
         })  # fmt: skip
     slowest = pd.DataFrame(out, columns=SLOWEST_COLUMNS)
     slowest["holder"] = slowest["holder"].astype("Int64")
+    slowest["late_start_ns"] = slowest["late_start_ns"].astype("Int64")
     causes_df = pd.DataFrame(causes, columns=CAUSE_COLUMNS)
     causes_df = causes_df[causes_df["excess_ns"] != 0].sort_values(
         ["step", "excess_ns"], ascending=[True, False]).reset_index(drop=True)  # fmt: skip

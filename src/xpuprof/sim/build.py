@@ -47,7 +47,8 @@ _HOST_SQL = (
     f"coalesce(name in {gb.BLOCKING_CALLS}, false) as is_blocking, "
     "coalesce(contains(lower(name), 'synchronize'), false) as is_synchronize, "
     "coalesce(contains(lower(name), 'memcpy'), false) as is_copy_call, "
-    "coalesce(contains(name, 'StreamWaitEvent'), false) as is_stream_wait "
+    "coalesce(contains(name, 'StreamWaitEvent'), false) as is_stream_wait, "
+    "coalesce(starts_with(name, 'c10d::'), false) as is_c10d "
     "from events where part in ({parts}) and device < 0 and dur is not null and dur >= 0 "
     f"and level in {HOST_LEVELS} order by id"
 )
@@ -71,6 +72,7 @@ def build(
     trace: Trace,
     parts: list[int] | None = None,
     windows: dict[int, tuple[int, int]] | None = None,
+    align: str = "auto",
 ) -> ReplayGraph:
     """The replay graph of ``parts`` (default: all) over host events starting in each part's
     window (inclusive ns, the part's own clock; absent: all) and the device work they launched
@@ -84,10 +86,14 @@ def build(
     sync_all = gb.fetch(trace, gb.SYNC_QUERY.replace("{parts}", sql))
     fb_all = gb.fetch(trace, _FWDBWD_SQL.replace("{parts}", sql))
     b = Builder()
+    from xpuprof.analysis.comm.host import host_collective_ids
+
+    hc = host_collective_ids(trace)
     for p in parts:
         _add_part(b, p, _rows(host_all, p), _rows(dev_all, p), _rows(sync_all, p),
-                  _rows(fb_all, p), windows.get(p, WHOLE_TRACE))  # fmt: skip
-    offsets = add_collectives(b, trace, parts)
+                  _rows(fb_all, p), windows.get(p, WHOLE_TRACE),
+                  hc.loc[hc["part"] == p, "id"].to_numpy(np.int64))  # fmt: skip
+    offsets = add_collectives(b, trace, parts, align)
     return b.finish(tuple(parts), {p: ranks.get(p) for p in parts}, offsets)
 
 
@@ -101,7 +107,8 @@ def _rows(df: pd.DataFrame, part: int) -> pd.DataFrame:
 
 
 def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.DataFrame,
-              fb: pd.DataFrame, window: tuple[int, int]) -> None:  # fmt: skip
+              fb: pd.DataFrame, window: tuple[int, int],
+              host_coll: np.ndarray | None = None) -> None:  # fmt: skip
     lo, hi = window
     if h.empty and d.empty:
         b.notes.append(f"part {part}: no host or device events to replay")
@@ -166,14 +173,84 @@ def _add_part(b: Builder, part: int, h: pd.DataFrame, d: pd.DataFrame, s: pd.Dat
     if len(long) and len(launched):
         b.notes.append(f"part {part}: {len(long)} device events have no launch in the trace: "
                        "they follow their stream's order only")  # fmt: skip
+    _collective_nodes(b, part, d, ds, h, host, hs, host_coll)
+
+
+def _collective_nodes(
+    b: Builder, part: int, d: pd.DataFrame, ds: dict, h: pd.DataFrame, host: gb.HostCalls,
+    hs: dict, host_coll: np.ndarray | None,
+) -> None:  # fmt: skip
+    """The part's collectives for ``sim/collectives.py`` to match across parts
+    (``b.coll_nodes``: id, start node, end node, measured duration, on the host or not):
+    its collective kernels, then its host collectives (:func:`_host_collectives`) with
+    their hand-off edges."""
     comm = d.comm.to_numpy(bool) if len(d) else np.empty(0, bool)
-    b.coll_nodes[part] = pd.DataFrame(
+    dev_coll = pd.DataFrame(
         {
-            "id": gb.i64(d.id)[comm] if len(d) else [],
+            "id": gb.i64(d.id)[comm] if len(d) else np.empty(0, np.int64),
             "start": ds["start"][comm],
+            "end": ds["start"][comm] + 1,
             "dur": ds["dur"][comm],
+            "host": False,
         }
     )
+    hcoll, w_src, w_dst = _host_collectives(host, h, hs, host_coll)
+    b.add_edges(w_src, w_dst, HANDOFF, 0, False)
+    if len(w_src):
+        b.notes.append(f"part {part}: {len(w_src)} hand-offs between gloo's collective spans "
+                       "and the thread that enqueued each (its c10d op's start → the span's "
+                       "start; its end → the thread's resumption from its wait)")  # fmt: skip
+    b.coll_nodes[part] = pd.concat([dev_coll, hcoll], ignore_index=True) if len(hcoll) else dev_coll
+
+
+def _host_collectives(
+    host: gb.HostCalls, h: pd.DataFrame, hs: dict, ids: np.ndarray | None
+) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """The part's host collectives (``analysis.comm.host``: gloo's spans on its worker
+    threads, else the ``c10d::`` ops of a synchronous backend) that are replayed, as
+    collective nodes (id, start node, end node, measured duration), and hand-off edges
+    between each gloo span and its caller, the last ``c10d::`` op its process started on
+    another thread before the span (the op that enqueued it; with several collectives in
+    flight, possibly a later one's: a constraint the trace respects, looser than the truth
+    only in a what-if): the op's start → the span's start (a worker cannot take work before
+    it is enqueued), and the span's end → the caller's next start, when the caller was idle
+    at the span's end (waiting in ``Work.wait()``, which the trace does not record) and
+    resumed within :data:`HANDOFF_NS` — whatever the gap, unlike :func:`_handoffs`."""
+    e = np.empty(0, np.int64)
+    empty = pd.DataFrame({"id": e, "start": e, "end": e, "dur": e, "host": e.astype(bool)})
+    if ids is None or not len(ids) or not len(host.id):
+        return empty, e, e
+    row = np.flatnonzero(np.isin(host.id, ids) & host.in_graph)
+    row = row[(hs["start"][row] >= 0) & (hs["end"][row] >= 0)]
+    if not len(row):
+        return empty, e, e
+    coll = pd.DataFrame({"id": host.id[row], "start": hs["start"][row], "end": hs["end"][row],
+                         "dur": host.end[row] - host.ts[row], "host": True})  # fmt: skip
+    src, dst = [], []
+    pts = hs["points"]
+    c10d = np.flatnonzero(h.is_c10d.to_numpy(bool))
+    c10d = c10d[np.argsort(host.ts[c10d], kind="stable")]
+    spans = row[~h.is_c10d.to_numpy(bool)[row]]  # gloo's worker spans, not c10d calls
+    if pts is not None and len(c10d):
+        for r in spans.tolist():
+            mine = c10d[(host.pid[c10d] == host.pid[r]) & (host.tid[c10d] != host.tid[r])]
+            k = np.searchsorted(host.ts[mine], host.ts[r], side="right") - 1
+            if k < 0:
+                continue
+            if hs["start"][mine[k]] >= 0:
+                src.append(hs["start"][mine[k]])
+                dst.append(hs["start"][r])
+            tid, end = host.tid[mine[k]], host.end[r]
+            on = np.flatnonzero((pts["pid"] == host.pid[r]) & (pts["tid"] == tid))
+            j = np.searchsorted(pts["time"][on], end, side="left")
+            if j >= len(on) or j == 0:
+                continue
+            nxt, prev = on[j], on[j - 1]
+            if (pts["is_start"][nxt] and not pts["is_start"][prev]
+                    and pts["time"][nxt] - end <= HANDOFF_NS):  # fmt: skip
+                src.append(hs["end"][r])
+                dst.append(pts["node"][nxt])
+    return coll, np.asarray(src, np.int64), np.asarray(dst, np.int64)
 
 
 def _host_nodes(b: Builder, part: int, host: gb.HostCalls, rows: np.ndarray,

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
 
 
-def add_collectives(b: Builder, trace: Trace, parts: list[int]) -> dict[int, int]:
+def add_collectives(
+    b: Builder, trace: Trace, parts: list[int], align: str = "auto"
+) -> dict[int, int]:
     """Rendezvous nodes for collectives matched across parts (the comm tool's matching: same
     process group and position in it), clock offsets from the comm tool's alignment (ends of
     whole-group collectives agree); unmatched collectives run at their measured duration.
@@ -27,7 +29,7 @@ def add_collectives(b: Builder, trace: Trace, parts: list[int]) -> dict[int, int
     from xpuprof.analysis.comm import collectives
 
     ranks = [r for p in parts if (r := _rank_of(trace, p)) is not None]
-    res = collectives(trace, ranks=ranks if len(ranks) == len(parts) else None)
+    res = collectives(trace, ranks=ranks if len(ranks) == len(parts) else None, align=align)
     table = res.tables["collectives"]
     if "clock" in res.tables:
         _offsets(b, table, res.tables["clock"], offsets)
@@ -47,15 +49,42 @@ def add_collectives(b: Builder, trace: Trace, parts: list[int]) -> dict[int, int
 
 
 def _offsets(b: Builder, table: pd.DataFrame, clock: pd.DataFrame, offsets: dict) -> None:
-    """Fill ``offsets`` from the comm tool's clock table (per participant → per part)."""
-    part_of = table.drop_duplicates("participant").set_index("participant")["part"]
-    for pp, off in zip(clock["participant"], clock["offset_ns"], strict=True):
-        if pp in part_of.index and int(part_of[pp]) in offsets:
-            offsets[int(part_of[pp])] = int(off)
-    if clock["method"].iloc[0] == "end" and len(clock) > 1:
-        shifts = ", ".join(f"part {p} {o / 1000:+.1f} µs" for p, o in offsets.items() if o)
+    """Fill ``offsets`` (per part) from the comm tool's clock table: a clock is a part's, so
+    its devices share one offset (``analysis/comm/clocks.py``). A part whose collectives match
+    no other part's has no offset: it keeps its own clock (nothing of it waits on another part
+    then) and a note names it; so does a split into groups that share no collective."""
+    per = clock.drop_duplicates("part")
+    per = per[per["part"].astype(int).isin(list(offsets))]
+    rank = table.drop_duplicates("part").set_index("part")["rank"]
+
+    def name(p: int) -> str:
+        r = rank.get(p)
+        return f"rank {r}" if r is not None and pd.notna(r) else f"part {p}"
+
+    for p, off in zip(per["part"], per["offset_ns"], strict=True):
+        if pd.notna(off):
+            offsets[int(p)] = int(off)
+    lost = [name(int(p)) for p in per.loc[per["status"] == "unmatched", "part"]]
+    if clock["method"].iloc[0] == "end" and (per["status"] == "aligned").any():
+        shifts = ", ".join(f"{name(p)} {o / 1000:+.1f} µs" for p, o in offsets.items() if o)
+        res = pd.to_numeric(per["residual_ns"], errors="coerce").max()
+        worst = f"; largest median residual {res / 1000:.1f} µs" if pd.notna(res) else ""
         b.notes.append("clocks of the ranks aligned on the ends of the collectives they share "
-                       f"(the comm tool's clock table): {shifts or 'no shift needed'}")  # fmt: skip
+                       f"(the comm tool's clock table{worst}): "
+                       f"{shifts or 'no shift needed'}")  # fmt: skip
+        groups = per.dropna(subset=["component"]).groupby("component")["part"]
+        if groups.ngroups > 1:
+            b.notes.append(f"{groups.ngroups} groups of ranks share no collective ("
+                           + "; ".join(", ".join(name(int(p)) for p in g) for _, g in groups)
+                           + "): each group is aligned to its own first rank, their relative "
+                           "clock offset is unknown")  # fmt: skip
+    elif clock["method"].iloc[0] != "end" and len(per) > 1:
+        b.notes.append("clocks not aligned (align='none', or one host: one clock): each rank "
+                       "replayed on its recorded clock")  # fmt: skip
+    if lost:
+        its = "its clock is" if len(lost) == 1 else "their clocks are"
+        b.notes.append(f"no collective of {', '.join(lost)} matched another rank's: {its} not "
+                       "aligned (each replayed on its own clock)")  # fmt: skip
 
 
 def _rendezvous(b: Builder, mm: pd.DataFrame, offsets: dict[int, int]) -> None:
@@ -86,12 +115,27 @@ def _rendezvous(b: Builder, mm: pd.DataFrame, offsets: dict[int, int]) -> None:
     r_node = pd.Series(rz + np.arange(k), index=keys).reindex(mm["key"]).to_numpy()
     t_ns = pd.Series(last["dur"].to_numpy(), index=keys).reindex(mm["key"]).to_numpy()
     starts = mm["start"].to_numpy()
+    ends = mm["end"].to_numpy() if "end" in mm else starts + 1
     b.add_edges(starts, r_node, COLLECTIVE, 0, False)
-    # the kernel's own run (its timeline edge) takes the transfer time too: see calibrate
-    b.add_edges(r_node, starts + 1, COLLECTIVE, t_ns, False)
-    b.notes.append(f"{len(mm)} collective kernels matched across ranks in {k} collectives: "
-                   "each ends at its last participant's start + that participant's kernel "
-                   "duration (its transfer time)")  # fmt: skip
+    # a kernel's own run (its timeline edge) takes the transfer time too: see calibrate; a
+    # host collective's span (gloo) ends at the later of its start and rendezvous + transfer,
+    # unless it ended before the last participant arrived: it did not wait for the others
+    # (a broadcast's root, whose send the socket buffered), so its end stays its own
+    host = mm["host"].fillna(False).to_numpy(bool) if "host" in mm else np.zeros(len(mm), bool)
+    rz_time = last["astart"].reindex(mm["key"]).to_numpy()
+    aend = mm["astart"].to_numpy() + mm["dur"].to_numpy()
+    alone = host & (aend < rz_time)
+    # a host participant's transfer is its own time after the last arrival: a CPU thread,
+    # unlike a kernel, is woken and scheduled on its own (ms apart on a loaded host)
+    t_ns = np.where(host, np.maximum(aend - rz_time, 0), t_ns).astype(np.int64)
+    b.add_edges(r_node[~alone], ends[~alone], COLLECTIVE, t_ns[~alone], False)
+    b.notes.append(f"{len(mm)} collectives (kernels, or host spans: gloo) matched across ranks "
+                   f"in {k} collectives: each ends at its last participant's start + that "
+                   "participant's duration (its transfer time; a host collective's own time "
+                   "after that start)"
+                   + (f"; {int(alone.sum())} host collectives that ended before the last "
+                      "participant arrived (a broadcast's root) keep their own end"
+                      if alone.any() else ""))  # fmt: skip
 
 
 def _rank_of(trace: Trace, part: int) -> int | None:

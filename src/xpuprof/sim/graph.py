@@ -279,10 +279,12 @@ def replay_graph(
     trace: Trace,
     parts: list[int] | None = None,
     windows: dict[int, tuple[int, int]] | None = None,
+    align: str = "auto",
 ) -> ReplayGraph:
     """The replay graph of ``parts`` (default: all) over host events starting in each part's
     window (inclusive ns, the part's own clock; absent: all) and the device work they launched
-    (device work without a launch: starting in the window). Built by ``sim/build.py``."""
+    (device work without a launch: starting in the window), the parts' clocks aligned as
+    ``align`` says (the comm tool's option). Built by ``sim/build.py``."""
     from xpuprof.sim.build import build
 
-    return build(trace, parts, windows)
+    return build(trace, parts, windows, align)

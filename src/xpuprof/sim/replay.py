@@ -145,14 +145,23 @@ def replay(
     steps: StepSelection = None,
     costs: str | CostModel = "measured",
     top: int = 20,
+    align: str = "auto",
 ) -> Replay:
     """Replay ``trace`` (the ranks and steps selected; default all) with a cost model
-    (``"measured"``: the identity replay) and compare it with what was measured."""
+    (``"measured"``: the identity replay) and compare it with what was measured. ``align``:
+    how the ranks' clocks are aligned before their collectives are matched, as the comm
+    tool's option (``auto``: none on one host, else ``end``; ``none``; ``end``)."""
+    from xpuprof.analysis.comm.skew import ALIGN
+
+    if align not in ALIGN:
+        from xpuprof.core.errors import XpuprofError
+
+        raise XpuprofError(f"align={align!r}: expected one of {', '.join(ALIGN)}")
     parts = _parts(trace, ranks)
     windows = _windows(trace, parts, steps)
-    key = ("sim.replay_graph", tuple(parts), tuple(sorted(windows.items())))
+    key = ("sim.replay_graph", tuple(parts), tuple(sorted(windows.items())), align)
     if key not in trace.memo:
-        trace.memo[key] = replay_graph(trace, parts, windows)
+        trace.memo[key] = replay_graph(trace, parts, windows, align)
     graph: ReplayGraph = trace.memo[key]
     delays = np.asarray(resolve(costs).delays(graph), np.int64)
     sched = run(graph, delays)

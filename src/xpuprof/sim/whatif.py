@@ -265,10 +265,12 @@ def whatif(
     *,
     ranks: Iterable[int] | None = None,
     steps: StepSelection = None,
+    align: str = "auto",
 ) -> WhatIf:
-    """Replay ``trace`` as measured and with ``changes`` applied together; compare them."""
+    """Replay ``trace`` as measured and with ``changes`` applied together; compare them.
+    ``align``: the ranks' clock alignment (:func:`xpuprof.sim.replay.replay`'s)."""
     parsed = [c if isinstance(c, Change) else parse(c) for c in changes]
-    base = replay(trace, ranks=ranks, steps=steps)
+    base = replay(trace, ranks=ranks, steps=steps, align=align)
     g = base.graph
     delay = g.edges.delay.copy()
     keep = np.ones(len(g.edges), bool)

@@ -381,6 +381,7 @@ def formats() -> Result:
 def replay(
     trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
     top: int = 20, export: str | None = None, output: str | Path | None = None,
+    align: str = "auto",
 ) -> Result:  # fmt: skip
     """Replay the trace (:func:`xpuprof.sim.replay`: identity replay, measured costs) and
     compare it with what was measured; with ``export="chrome"`` also write the measured and
@@ -393,7 +394,7 @@ def replay(
         raise XpuprofError(f"--export {export!r}: not an export format; formats: chrome")
     if export is None and output is not None:
         raise XpuprofError("--output names the file --export writes: add --export chrome")
-    rp = run_replay(trace, ranks=ranks, steps=steps, top=top)
+    rp = run_replay(trace, ranks=ranks, steps=steps, top=top, align=align)
     res = rp.result()
     if export is not None:
         from xpuprof.export.replay import default_path, export_replay_chrome
@@ -411,7 +412,7 @@ def replay(
 
 def whatif(
     trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
-    change: Iterable[str] | str | None = None,
+    change: Iterable[str] | str | None = None, align: str = "auto",
 ) -> Result:  # fmt: skip
     """Replay the trace as measured and with the changes applied together
     (:func:`xpuprof.sim.whatif.whatif`, ``docs/whatif.md``): baseline vs predicted step time
@@ -421,7 +422,7 @@ def whatif(
 
     texts = [change] if isinstance(change, str) else list(change or [])
     texts = [t.strip() for x in texts for t in str(x).split(";") if t.strip()]
-    return run_whatif(trace, texts, ranks=ranks, steps=steps).result()
+    return run_whatif(trace, texts, ranks=ranks, steps=steps, align=align).result()
 
 
 def ranks(
@@ -435,28 +436,38 @@ def ranks(
     from xpuprof.analysis.ranks import rank_steps
 
     res = rank_steps(trace, ranks=ranks, steps=steps, workers=workers, scheduler=scheduler)
-    if not path or "steps" not in res.tables:
-        return res
+    if path and "steps" in res.tables:
+        _job_path(trace, ranks, steps, res)
+    if "steps" in res.tables and _one_part_per_rank(res.tables["steps"]):
+        res.tables = {k: v.drop(columns="part", errors="ignore") for k, v in res.tables.items()}
+    return res
+
+
+def _one_part_per_rank(steps: Any) -> bool:
+    """True when every rank is one part (the part column then says nothing more)."""
+    return bool(
+        steps["rank"].notna().all() and (steps.groupby("rank")["part"].nunique() == 1).all()
+    )
+
+
+def _job_path(trace: Trace, ranks: Iterable[int] | None, steps: StepSelection,
+              res: Result) -> None:  # fmt: skip
+    """Add the job's critical path across ranks (the replay's) to the ranks tool's answer."""
     from xpuprof.sim import replay as run_replay
     from xpuprof.sim.paths import job_path_tables
 
     tables, facts = job_path_tables(run_replay(trace, ranks=ranks, steps=steps))
     if not tables:
         res.notes.append("the replay graph holds nothing to walk: no cross-rank critical path")
-        return res
+        return
     res.tables.update(tables)
     res.facts.update(facts)
-    share = facts["path_rank_share"]
-    line = (f"The job's critical path ({human_time(facts['path_ns'])}) runs {share:.0f} % on "
-            f"rank {facts['path_rank']} and crosses ranks {facts['path_crossings']} time(s) "
-            "through collectives.")  # fmt: skip
-    res.facts["headline"] = f"{res.facts['headline']} {line}" if res.facts.get("headline") else line
-    if (
-        all(r is not None for r in res.tables["steps"]["rank"])
-        and (res.tables["steps"].groupby("rank")["part"].nunique() == 1).all()
-    ):  # one part per rank: the part column says nothing more
-        res.tables = {k: v.drop(columns="part", errors="ignore") for k, v in res.tables.items()}
-    return res
+    n = facts["path_crossings"]
+    line = (f"The job's critical path ({human_time(facts['path_ns'])}) runs "
+            f"{facts['path_rank_share']:.0f} % on rank {facts['path_rank']} and crosses to "
+            f"another rank {n} time{'' if n == 1 else 's'} through collectives.")  # fmt: skip
+    head = res.facts.get("headline")
+    res.facts["headline"] = f"{head} {line}" if head else line
 
 
 #: The changes the what-if page offers whatever the store (``whatif_picks``): (change, what
@@ -842,7 +853,8 @@ TOOLS: tuple[Tool, ...] = (
                                    "Chrome trace for Perfetto: chrome.", local=True),
                   Option("output", "The file --export writes (.json or .json.gz; default: "
                                    "beside the store, STORE.replay.json.gz).", short="-o",
-                         local=True))),
+                         local=True),
+                  Option("align", "Clock alignment of the ranks: auto, none, end.", "auto"))),
     Tool("whatif", "xpuprof.ui.tools:whatif",
          "Predict what a change is worth: replay the trace with it and compare with the "
          "measured replay (step time, speedup, critical-path shift; docs/whatif.md).",
@@ -855,7 +867,8 @@ TOOLS: tuple[Tool, ...] = (
                                    "fuse-elementwise[:REGEX], fuse:REGEX, batch=FACTOR, "
                                    "threads=N, dtype=bf16, device=KEY, collective:K=V,…; "
                                    "repeat it or separate by ';' (docs/whatif.md).",
-                         type=list[str]),)),
+                         type=list[str]),
+                  Option("align", "Clock alignment of the ranks: auto, none, end.", "auto"))),
     Tool("diff", "xpuprof.analysis.diff:diff",
          "The step-time delta between two traces split into where the time goes, then the "
          "ops and kernels added, removed and changed.",

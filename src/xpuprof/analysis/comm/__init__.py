@@ -1,8 +1,12 @@
-"""Communication: one row per collective kernel with its bus bandwidth and its overlap with
-compute, and — for several ranks — how far apart the ranks arrive at the same collective.
+"""Communication: one row per collective with its bus bandwidth and its overlap with compute,
+and — for several ranks — how far apart the ranks arrive at the same collective. A collective
+is a device kernel (NCCL/RCCL, XLA) or, on a rank with none (a CPU gloo job), a host span:
+``host`` says which spans (gloo's worker spans measure the collective, the ``c10d::`` op on
+the calling thread only enqueues it) and column ``where`` says which it is.
 
 The tool is :func:`collectives`; its parts are ``kinds`` (what a collective is, from names and
-args), ``identify`` (each kernel's type, size and group, from the first source that says),
+args), ``host`` (the host spans that are collectives, one of each nest), ``identify`` (each
+collective's type, size and group, from the first source that says),
 ``overlap`` (comm under compute, HTA's comm/compute overlap) and ``skew`` (collectives matched
 across ranks, clock alignment, stragglers). ``docs/comm.md`` defines every number.
 """
@@ -14,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from xpuprof.analysis.comm.host import host_collective_ids, host_collectives
 from xpuprof.analysis.comm.identify import KERNEL_ARGS_SQL, Identity, identify
 from xpuprof.analysis.comm.kinds import (
     ALGORITHMS,
@@ -55,7 +60,8 @@ __all__ = [
     "normalize_collective",
 ]
 
-COLUMNS = ["rank", "part", "participant", "device", "stream", "id", "ts", "dur", "collective",
+COLUMNS = ["rank", "part", "participant", "where", "device", "stream", "id", "ts", "dur",
+           "collective",
            "type_source", "algorithm", "protocol", "dtype", "bytes", "bytes_source",
            "group_size", "group_ranks", "process_group", "seq", "algbw", "busbw_factor", "busbw",
            "overlap_ns", "overlap_pct", "name"]  # fmt: skip
@@ -99,20 +105,26 @@ def collectives(
 
 def _collectives(trace: Trace, where: str, align: str) -> Result:
     """:func:`collectives` of the events ``where`` selects."""
+    cols = ("id, part, rank, device, stream, name, category, ts, dur, bytes, correlation, "
+            + KERNEL_ARGS_SQL)  # fmt: skip
     df = trace.sql(
-        f"""
-        select id, part, rank, device, stream, name, category, ts, dur, bytes, correlation,
-            {KERNEL_ARGS_SQL}
-        from events where {where} and level = 'collective' and dur is not null
-        order by part, device, ts
-        """
+        f"""select {cols} from events where {where} and level = 'collective'
+            and dur is not null order by part, device, ts"""
     )
+    host = host_collectives(trace, where, cols)
+    if len(host):
+        df = pd.concat([df.assign(on_host=False), host.assign(on_host=True)], ignore_index=True)
+        df = df.sort_values(["part", "device", "ts", "id"], kind="stable", ignore_index=True)
+    else:
+        df = df.assign(on_host=False)
     if df.empty:
         return _empty()
     ident = identify(trace, df)
     participant, shared_rank = _participants(df)
     out = _table(df, ident, participant)
-    per_kernel, overlap_table = overlap(trace, out, where)
+    on_dev = ~df["on_host"].to_numpy(bool)
+    per_kernel = np.full(len(out), np.nan)
+    per_kernel[on_dev], overlap_table = overlap(trace, out[on_dev], where)
     out["overlap_ns"] = per_kernel
     with np.errstate(divide="ignore", invalid="ignore"):
         out["overlap_pct"] = np.where(out["dur"] > 0, 100 * per_kernel / out["dur"], np.nan)
@@ -164,8 +176,8 @@ def headline(tables: dict[str, pd.DataFrame]) -> str | None:
     return line
 
 
-WAIT_COLUMNS = ["part", "rank", "participant", "id", "ts", "dur", "collective", "process_group",
-                "seq", "wait_ns", "last_participant", "last_rank"]  # fmt: skip
+WAIT_COLUMNS = ["part", "rank", "participant", "where", "id", "ts", "dur", "collective",
+                "process_group", "seq", "wait_ns", "last_participant", "last_rank"]  # fmt: skip
 
 
 def collective_waits(trace: Trace) -> pd.DataFrame:
@@ -176,9 +188,10 @@ def collective_waits(trace: Trace) -> pd.DataFrame:
     key = ("analysis.comm.collective_waits",)
     if key in trace.memo:
         return trace.memo[key]
-    n = trace.sql("select count(distinct part) as n from events where level = 'collective'")
+    dev = trace.sql("select distinct part from events where level = 'collective'")
+    parts = set(dev["part"].tolist()) | set(host_collective_ids(trace)["part"].tolist())
     out = pd.DataFrame(columns=WAIT_COLUMNS)
-    if int(n["n"].iloc[0] or 0) >= 2:
+    if len(parts) >= 2:
         res = collectives(trace)
         if "skew" in res.tables and len(res.tables["skew"]):
             out = _waits(res.tables["collectives"], res.tables["clock"], res.tables["skew"])
@@ -197,6 +210,7 @@ def _waits(coll: pd.DataFrame, clock: pd.DataFrame, sk: pd.DataFrame) -> pd.Data
     ranks = coll.drop_duplicates("participant").set_index("participant")["rank"]
     return pd.DataFrame({
         "part": m["part"].to_numpy(), "rank": m["rank"], "participant": m["participant"],
+        "where": m["where"].to_numpy(object),
         "id": m["id"].to_numpy(), "ts": m["ts"].to_numpy(), "dur": m["dur"].to_numpy(),
         "collective": m["collective"], "process_group": m["process_group"],
         "seq": m["seq"].to_numpy(), "wait_ns": wait.astype(np.int64),
@@ -212,7 +226,8 @@ def _participants(df: pd.DataFrame) -> tuple[np.ndarray, bool]:
     with its source then, and the second value is True (no cross-rank skew is computed)."""
     rank = df["rank"]
     shared_rank = bool((df.dropna(subset=["rank"]).groupby("rank")["part"].nunique() > 1).any())
-    multi_dev = df.groupby("part")["device"].nunique().max() > 1
+    on_dev = ~df["on_host"].to_numpy(bool)
+    multi_dev = bool(on_dev.any()) and df[on_dev].groupby("part")["device"].nunique().max() > 1
     rank_str = rank.astype("string").fillna("").to_numpy(object)
     part_str = df["part"].astype(str).to_numpy(object)
     label = np.where(
@@ -220,8 +235,9 @@ def _participants(df: pd.DataFrame) -> tuple[np.ndarray, bool]:
         "part " + part_str,
         (rank_str + " (part " + part_str + ")") if shared_rank else rank_str,
     )
-    if multi_dev:
-        label = label + " dev " + df["device"].to_numpy().astype(str).astype(object)
+    if multi_dev:  # (a host collective stays its rank's: it runs on no device)
+        dev = " dev " + df["device"].to_numpy().astype(str).astype(object)
+        label = np.where(on_dev, label + dev, label)
     return label.astype(object), shared_rank
 
 
@@ -239,6 +255,7 @@ def _table(df: pd.DataFrame, ident: Identity, participant: np.ndarray) -> pd.Dat
             "rank": df["rank"].astype("Int64"),
             "part": df["part"].to_numpy(),
             "participant": participant,
+            "where": np.where(df["on_host"].to_numpy(bool), "host", "device"),
             "device": df["device"].to_numpy(),
             "stream": df["stream"],
             "id": df["id"],
@@ -334,7 +351,7 @@ def _empty() -> Result:
             "overlap": pd.DataFrame(columns=OVERLAP_COLUMNS),
         },
         notes=[
-            "no collective kernels (NCCL/RCCL kernels, XLA collectives) in the trace: nothing "
-            "to report for communication."
+            "no collectives in the trace (no NCCL/RCCL kernels, XLA collectives, or gloo/c10d "
+            "host collectives): nothing to report for communication."
         ],
     )

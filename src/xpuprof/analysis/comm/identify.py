@@ -101,8 +101,10 @@ def identify(trace: Trace, df: pd.DataFrame) -> Identity:
     need = np.flatnonzero(
         (ident.kind == None) | np.isnan(ident.nbytes) | np.isnan(ident.group)  # noqa: E711
     )
-    need = need[df["correlation"].notna().to_numpy()[need]]
+    on_host = _on_host(df)
+    need = need[df["correlation"].notna().to_numpy()[need] & ~on_host[need]]
     _from_host(ident, trace, df, need)
+    _from_host_spans(ident, trace, df, np.flatnonzero(on_host))
     _from_xla(ident, df)
     _from_kernel_names(ident, df["name"].to_numpy(object))
     ident.kind = np.where(ident.kind == None, "unknown", ident.kind)  # noqa: E711
@@ -110,6 +112,45 @@ def identify(trace: Trace, df: pd.DataFrame) -> Identity:
     pg = ident.process_group
     ident.process_group = np.where(pg == None, "default", pg)  # noqa: E711
     return ident
+
+
+def _on_host(df: pd.DataFrame) -> np.ndarray:
+    """Which rows are host collectives (``analysis.comm.host``), not device kernels."""
+    if "on_host" not in df:
+        return np.zeros(len(df), bool)
+    return df["on_host"].to_numpy(bool)
+
+
+def _from_host_spans(ident: Identity, trace: Trace, df: pd.DataFrame, rows: np.ndarray) -> None:
+    """Host collectives (``gloo:all_reduce``, ``c10d::broadcast_``): what the
+    ``record_param_comms`` op inside a ``c10d::`` op says (as for a kernel's launch), then the
+    type from the name where no args said it, the bytes from the largest tensor of their input
+    shapes (``record_shapes``), and — when the rank's ``distributedInfo`` lists a single
+    process group — that group (the only one its collectives can belong to)."""
+    if not len(rows):
+        return
+    ids = df["id"].to_numpy(np.int64)[rows]
+    args = trace.args(ids.tolist())
+    kids = trace.sql(
+        "select parent, min(id) as id from events where name = 'record_param_comms' and "
+        f"parent in ({', '.join(map(str, ids.tolist()))}) group by parent"
+    )
+    rpc = dict(zip(kids["parent"].astype("int64"), kids["id"].astype("int64"), strict=True))
+    rpc_args = trace.args(list(rpc.values())) if rpc else {}
+    di = trace.meta.get("distributed_info", {})
+    for i in rows.tolist():
+        ra = rpc_args.get(rpc.get(int(df["id"].iat[i]), -1))
+        if isinstance(ra, dict):
+            _fill_from_op(ident, i, ra, {}, None)
+        name = str(df["name"].iat[i])
+        if ident.kind[i] is None:
+            ident.set_kind(i, normalize_collective(name.removeprefix("c10d::")), "host span name")
+        a = args.get(int(df["id"].iat[i]))
+        if np.isnan(ident.nbytes[i]) and isinstance(a, dict):
+            ident.set_bytes(i, tensor_bytes(a), "host span shapes")
+        cfg = (di.get(int(df["part"].iat[i])) or {}).get("pg_config") or []
+        if ident.process_group[i] is None and len(cfg) == 1 and cfg[0].get("pg_name") is not None:
+            ident.process_group[i] = f"pg {cfg[0]['pg_name']}"
 
 
 def _from_kernel_args(ident: Identity, df: pd.DataFrame) -> None:

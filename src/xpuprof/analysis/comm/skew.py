@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from xpuprof.analysis.comm.clocks import notes as clock_notes
+from xpuprof.analysis.comm.clocks import solve
 from xpuprof.analysis.comm.kinds import WHOLE_GROUP
 
 if TYPE_CHECKING:
@@ -35,9 +37,14 @@ def skew(trace: Trace, out: pd.DataFrame, align: str) -> tuple[dict[str, pd.Data
         return {}, ["one participant (rank/device): no cross-rank skew to compute."]
     notes = _uneven(out)
     order = _participant_order(out)
-    clock, clock_notes = _clock(trace, out, order, align)
-    notes += clock_notes
+    clock, cnotes = _clock(trace, out, order, align)
+    notes += cnotes
+    # participants whose clock could not be aligned are not compared (their collectives
+    # match none anyway: nothing is lost but a comparison on a raw clock)
+    lost = set(clock.loc[clock["status"] == "unmatched", "participant"])
+    out = out[~out["participant"].isin(lost)]
     shift = out["participant"].map(dict(zip(clock["participant"], clock["offset_ns"], strict=True)))
+    shift = shift.astype(np.int64)
     adjusted = out.assign(ats=out["ts"] - shift, aend=out["ts"] - shift + out["dur"])
     matched = _match(adjusted)
     disagree = int((~matched["types_agree"]).sum())
@@ -94,65 +101,99 @@ def _participant_order(out: pd.DataFrame) -> list[Any]:
 def _clock(
     trace: Trace, out: pd.DataFrame, order: list[Any], align: str
 ) -> tuple[pd.DataFrame, list[str]]:
-    """Each participant's clock offset to the reference (``order[0]``), and how it was found:
-    none when every participant is on one host (one clock) or ``align='none'``; else the median
-    difference of the ends of the whole-group collectives it shares with the reference (a
-    collective ends on all ranks at nearly the same moment: none can finish before the last
-    has arrived)."""
-    ref = order[0]
+    """Each participant's clock offset to its reference and how it was found
+    (:mod:`xpuprof.analysis.comm.clocks`): none when every participant is on one host (one
+    clock) or ``align='none'``; else ``end``: the offsets that make the ends of the matched
+    collectives agree, solved over all of them at once. A clock belongs to a part (a source
+    file: one process on one host), so the devices of one part share its offset."""
     hosts = {int(s["part"]): s.get("host") for s in trace.meta["sources"]}
-    phost = out.drop_duplicates("participant").set_index("participant")["part"].map(hosts)
+    first = out.drop_duplicates("participant").set_index("participant")
+    part = first["part"].reindex(order)
+    phost = part.map(hosts)
     one_clock = bool(phost.notna().all() and phost.nunique() == 1) or out["part"].nunique() == 1
     method = ("none" if one_clock else "end") if align == "auto" else align
-    offsets = {p: 0 for p in order}
-    used = {p: 0 for p in order}
-    notes = []
-    if method == "end":
-        _end_offsets(out, order, offsets, used)
-        missing = [p for p in order[1:] if not used[p]]
-        if missing:
-            notes.append(
-                f"no collective shared with the reference {ref} for {', '.join(missing)}: their "
-                "clocks are left unaligned."
-            )
-        notes.append(
-            "hosts differ or are unknown, so clocks may differ: each rank is shifted so that the "
-            f"ends of the whole-group collectives it shares with {ref} agree (median offset; "
-            "see the clock table). Skew is measured on starts after that shift."
-        )
-    else:
-        why = "all come from one host (one clock)." if one_clock else "align='none' was asked for."
-        notes.append("ranks compared on their recorded clocks: " + why)
+    parts = list(dict.fromkeys(int(p) for p in part))  # in participant order: ref first
+    sol = solve(_ends(out), order=parts).set_index("participant")
+    ref_of: dict[int, Any] = {}  # part → its first participant
+    for p, pp in zip(part, order, strict=True):
+        ref_of.setdefault(int(p), pp)
+    row = sol.reindex([int(p) for p in part])
     clock = pd.DataFrame(
         {
             "participant": order,
-            "host": [phost.get(p) for p in order],
-            "offset_ns": [offsets[p] for p in order],
-            "method": [method] * len(order),
-            "collectives_used": [used[p] for p in order],
-            "reference": [ref] * len(order),
+            "part": part.to_numpy(np.int64),
+            "host": phost.to_numpy(object),
+            "offset_ns": row["offset_ns"].to_numpy(),
+            "residual_ns": row["residual_ns"].to_numpy(),
+            "residual_p95_ns": row["residual_p95_ns"].to_numpy(),
+            "method": method,
+            "collectives_used": row["collectives_used"].to_numpy(np.int64),
+            "component": row["component"].to_numpy(),
+            "reference": [ref_of.get(r) if pd.notna(r) else None for r in row["reference"]],
+            "status": row["status"].to_numpy(object),
         }
     )
-    return clock, notes
+    for col in ("offset_ns", "residual_ns", "residual_p95_ns", "component"):
+        clock[col] = pd.array(clock[col].tolist(), dtype="Int64")
+    _own_clock(clock, _matched(out))
+    if method == "end":
+        notes = clock_notes(clock)
+        notes.append(
+            "hosts differ or are unknown, so clocks may differ: each part's clock is shifted so "
+            "that the ends of the collectives it shares with others agree (one solve over all "
+            "matched collectives; see the clock table for offsets and residuals). Skew is "
+            "measured on starts after that shift."
+        )
+        return clock, notes
+    # one clock (or asked for none): times compared as recorded
+    clock["offset_ns"] = pd.array([0] * len(clock), dtype="Int64")
+    clock["residual_ns"] = clock["residual_p95_ns"] = pd.array([pd.NA] * len(clock), "Int64")
+    clock["reference"] = order[0]
+    clock["status"] = np.where(clock["status"] == "unmatched", "unmatched", "recorded")
+    why = "all come from one host (one clock)." if one_clock else "align='none' was asked for."
+    notes = [n for n in clock_notes(clock) if n.startswith("no collective")]
+    return clock, [*notes, "ranks compared on their recorded clocks: " + why]
 
 
-def _end_offsets(
-    out: pd.DataFrame, order: list[Any], offsets: dict[Any, int], used: dict[Any, int]
-) -> None:
-    """Fill ``offsets`` (median end difference to ``order[0]``, in ns) and ``used`` (how many
-    shared collectives gave it) for every other participant."""
-    ref = order[0]
-    key = out.assign(end=out["ts"] + out["dur"])
-    whole = key[key["collective"].isin(WHOLE_GROUP)]
-    base = whole if len(whole) else key
-    piv = base.pivot_table(index=["process_group", "seq"], columns="participant", values="end",
-                           aggfunc="first")  # fmt: skip
-    for p in order[1:]:
-        if p in piv and ref in piv:
-            d = (piv[p] - piv[ref]).dropna()
-            if len(d):
-                offsets[p] = int(np.median(d.to_numpy(np.float64)))
-                used[p] = len(d)
+def _own_clock(clock: pd.DataFrame, matched: set[Any]) -> None:
+    """A part whose collectives match only within itself (the devices of one host, and no
+    other host's) is its own reference: offset 0, a group of its own, compared within."""
+    alone = (clock["status"] == "unmatched") & clock["participant"].isin(matched)
+    if not alone.any():
+        return
+    last = clock["component"].max()
+    start = 0 if pd.isna(last) else int(last) + 1
+    parts = clock.loc[alone, "part"].drop_duplicates().tolist()
+    first = clock[alone].drop_duplicates("part").set_index("part")["participant"]
+    for i, p in enumerate(parts):
+        mine = alone & (clock["part"] == p)
+        clock.loc[mine, ["offset_ns", "component"]] = [0, start + i]
+        clock.loc[mine, "reference"] = first[p]
+        clock.loc[mine, "status"] = "reference"
+
+
+def _matched(out: pd.DataFrame) -> set[Any]:
+    """The participants with a collective (of one type everywhere) seen by another."""
+    key = out["process_group"].astype(str) + "#" + out["seq"].astype(str)
+    g = out.groupby(key)
+    ok = (g["participant"].transform("nunique") >= 2) & (g["collective"].transform("nunique") == 1)
+    return set(out.loc[ok, "participant"])
+
+
+def _ends(out: pd.DataFrame) -> pd.DataFrame:
+    """The solver's input: per collective row, its part (the clock), the matched collective
+    (process group and position in it) and its end; collectives whose type differs between
+    participants (the order differs: not the same collective) are left out."""
+    key = out["process_group"].astype(str) + "#" + out["seq"].astype(str)
+    agree = out.groupby(key)["collective"].transform("nunique") == 1
+    return pd.DataFrame(
+        {
+            "participant": out["part"].astype(np.int64),
+            "key": key,
+            "end": (out["ts"] + out["dur"]).astype(np.int64),
+            "whole": out["collective"].isin(WHOLE_GROUP),
+        }
+    )[agree.to_numpy()]
 
 
 def _match(m: pd.DataFrame) -> pd.DataFrame:

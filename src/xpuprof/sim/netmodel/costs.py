@@ -92,6 +92,8 @@ def collective_table(trace: Trace) -> pd.DataFrame:
     from xpuprof.analysis.comm import collectives
 
     t = collectives(trace).tables["collectives"]
+    if "where" in t:  # host collectives (gloo on the CPU) are no NCCL kernels to price
+        t = t[t["where"] == "device"]
     if t.empty:
         return pd.DataFrame(columns=TABLE_COLUMNS)
     la = trace.sql(
