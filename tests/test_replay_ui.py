@@ -367,7 +367,7 @@ def test_web_never_writes(server, stores):
     status, pages = get(f"{server}api/pages")
     page = next(p for p in pages if p["name"] == "replay")
     assert page["renderer"] == "replay"
-    assert {c["name"] for c in page["controls"]} == {"ranks", "steps", "top"}
+    assert {c["name"] for c in page["controls"]} == {"ranks", "steps", "top", "align"}
     for opt in ({"export": "chrome"}, {"output": "/tmp/x.json"}):
         status, body = get(f"{server}api/s/{name}/tools/replay", **opt)
         assert status == 400 and "writes files" in body["error"], body
