@@ -107,7 +107,21 @@ def test_headline_by_hand(synthetic):
     rank, 3 calls, all_reduce 100/175 = 57%; the GEMM hides 50/175 = 29% of it."""
     r = collectives(synthetic)
     assert r.facts["headline"] == ("Collectives take 175 µs per rank (3 calls; all_reduce 57% "
-                                   "of that time), 29% hidden under compute")  # fmt: skip
+                                   "of their summed time), 29% hidden under compute")  # fmt: skip
+
+
+def test_headline_counts_concurrent_collectives_once(tmp_path):
+    """Two all-reduces on two streams of one rank, 0-100 and 50-150 µs: they run 150 µs (the
+    union, by hand), 200 µs summed; the headline says both."""
+    tb = TraceBuilder(rank=0)
+    for t0, stream in ((0, 20), (50, 21)):
+        tb.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                  t0, 100, stream=stream, correlation=0,
+                  **_coll("allreduce", MIB, MIB, "Float", group=1))  # fmt: skip
+    with tb.load(tmp_path) as t:
+        line = collectives(t).facts["headline"]
+    assert line.startswith("Collectives take 150 µs per rank (2 calls; all_reduce 100% of their "
+                           "summed time; they overlap: 200 µs summed, counted once")  # fmt: skip
 
 
 def _three_ranks(tmp_path: Path, late_us: tuple[int, int]) -> Path:
@@ -129,7 +143,10 @@ def test_headline_names_a_straggler_only_above_the_noise_floor(tmp_path):
     """Rank 2 is last at both collectives. 200 and 300 µs late (mean 250 µs, over the 50 µs
     floor): named. 20 and 30 µs late (mean 25 µs): noise, not named. Each rank spends 200 µs
     in 2 calls; no compute, so nothing is hidden."""
-    base = "Collectives take 200 µs per rank (2 calls; all_reduce 100% of that time), 0% hidden"
+    base = (
+        "Collectives take 200 µs per rank (2 calls; all_reduce 100% of their summed time), "
+        "0% hidden"
+    )
     with xpuprof.load(_three_ranks(tmp_path, (200, 300))) as t:
         line = collectives(t, align="none").facts["headline"]
     assert line == (base + " under compute; rank 2 is the last to arrive at 2 of 2 "

@@ -33,7 +33,7 @@ from xpuprof.analysis.comm.kinds import (
 )
 from xpuprof.analysis.comm.overlap import OVERLAP_COLUMNS, overlap
 from xpuprof.analysis.comm.skew import ALIGN, skew
-from xpuprof.analysis.common import Result, missing_ranks_note, where_clause
+from xpuprof.analysis.common import Result, merge_intervals, missing_ranks_note, where_clause
 from xpuprof.core.errors import XpuprofError
 from xpuprof.core.text import human_time
 
@@ -159,9 +159,16 @@ def headline(tables: dict[str, pd.DataFrame]) -> str | None:
     n = s.participant.nunique()
     by = s.groupby("collective").time_ns.sum().sort_values(ascending=False)
     who = "rank" if s["rank"].notna().all() else "participant"
-    line = (f"Collectives take {human_time(s.time_ns.sum() / n)} per {who} "
+    busy = _busy_ns(tables.get("collectives"))
+    summed = s.time_ns.sum() / n
+    per = busy / n if busy is not None else summed
+    line = (f"Collectives take {human_time(per)} per {who} "
             f"({int(s['count'].sum() / n):,} calls; {by.index[0]} {by.iloc[0] / by.sum():.0%} "
-            "of that time)")  # fmt: skip
+            "of their summed time")  # fmt: skip
+    if busy is not None and summed > 1.05 * per:
+        line += (f"; they overlap: {human_time(summed)} summed, counted once while several "
+                 "run at a time")  # fmt: skip
+    line += ")"
     o = tables.get("overlap")
     if o is not None and len(o) and o.comm_time_ns.sum():
         line += f", {o.overlapped_ns.sum() / o.comm_time_ns.sum():.0%} hidden under compute"
@@ -174,6 +181,18 @@ def headline(tables: dict[str, pd.DataFrame]) -> str | None:
                      f"{int(last.collectives)} collectives ({human_time(last.mean_late_ns)} "
                      "late on average)")  # fmt: skip
     return line
+
+
+def _busy_ns(coll: pd.DataFrame | None) -> float | None:
+    """Total time some collective runs, per participant summed: concurrent collectives (gloo's
+    two worker threads, several NCCL streams) count once."""
+    if coll is None or not len(coll):
+        return None
+    total = 0
+    for _, g in coll.groupby("participant", sort=False):
+        a, z = merge_intervals(g["ts"].to_numpy(np.int64), (g["ts"] + g["dur"]).to_numpy(np.int64))
+        total += int((z - a).sum())
+    return float(total)
 
 
 WAIT_COLUMNS = ["part", "rank", "participant", "where", "id", "ts", "dur", "collective",
