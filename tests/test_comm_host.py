@@ -138,6 +138,31 @@ def test_skew_and_stragglers_name_the_sleeping_rank(job) -> None:
     assert 0.8 * pause <= ar["wait_ns"].median() <= 2 * pause
 
 
+def test_ranks_tool_names_the_sleeping_rank_and_its_sleep(job) -> None:
+    """``xpuprof ranks`` on the real job: rank 1 is the rank rank 0 waits for in every step
+    (``caused_ns`` = rank 0's waits in that step, from the raw spans as above), and what made
+    it slow includes its sleep: time.sleep runs in Python between ops, so rank 1's host time
+    outside ops exceeds rank 0's by at least most of the 40 ms it sleeps per step."""
+    from xpuprof.analysis.ranks import rank_steps
+
+    trace, raw = job
+    res = rank_steps(trace)
+    slow = res.tables["slowest"]
+    assert len(slow) == STEPS
+    assert (slow["holder"] == 1).all() and (slow["basis"] == "waited for").all()
+    w = collective_waits(trace)
+    steps = res.tables["steps"]
+    for _, row in steps[steps["rank"] == 1].iterrows():
+        s0 = steps[(steps["rank"] == 0) & (steps["step"] == row["step"])].iloc[0]
+        mine = w[(w["rank"] == 0) & (w["ts"] >= s0["start"]) & (w["ts"] < s0["start"]
+                                                                  + s0["step_ns"])]  # fmt: skip
+        assert row["caused_ns"] == mine["wait_ns"].sum()
+    c = res.tables["causes"]
+    py = c[c["category"] == "outside_ops"].set_index("step")["excess_ns"]
+    assert len(py) == STEPS and (py >= 0.8 * SLEEP_MS * MS).all()
+    assert res.facts["holder"] == 1 and res.facts["held_steps"] == STEPS
+
+
 def test_overview_puts_rank0s_wait_under_communication(job) -> None:
     trace, raw = job
     steps = overview(trace).tables["steps"]

@@ -10,21 +10,23 @@ Definitions (times in ns; clocks aligned as the comm tool aligns them, ``docs/co
 - ``steps`` (one row per rank and step; the heat-map data): ``start`` (the step's start on
   the aligned clock), ``step_ns`` (its duration), ``comm_wait_ns`` (time its critical path
   spent in collectives waiting for the last participant, :mod:`diagnosis`), ``busy_ns`` =
-  ``step_ns`` − ``comm_wait_ns``, ``late_start_ns`` (its aligned start − the median
-  rank's aligned start in that step), ``caused_ns`` (the waits of the other ranks' collectives
-  in this step whose last participant was this rank: the time it held the others back) and
-  ``last`` (in how many of the step's collectives it arrived last).
+  ``step_ns`` − ``comm_wait_ns``, ``late_start_ns`` (its aligned start − the median of the
+  other ranks' aligned starts in that step), ``caused_ns`` (the waits of the other ranks'
+  collectives in this step whose last participant was this rank: the time it held the others
+  back) and ``last`` (in how many of the step's collectives it arrived last).
 - ``slowest`` (one row per step): the **holder** is the rank with the most ``caused_ns``
   (``basis`` ``waited for``); in a step without matched collectives, the rank with the longest
   step (``basis`` ``longest step``). What made it slow is its row against the **median rank**
-  (the median over ranks of each quantity, in that step): its late start, and per critical-path
+  (the median over the other ranks of each quantity, in that step; with two ranks, the
+  other): its late start, and per critical-path
   category (``docs/advise.md``; waiting for others excluded, since that is the effect, not
   the cause) the excess of its time over the median's. ``cause`` is the largest positive one.
 - ``causes``: the holder's time per category against the median rank's, per step.
 - ``outliers`` (one row per rank and step, two steps or more): steps in which a rank held the
   others back more than it usually does — its ``caused_ns`` against its own median over the
-  steps (``usual_ns``), at least 50 µs more per other rank. A rank late in every step is the
-  holder of every step; the one-off straggler (a node slow for a moment) is found here.
+  steps (``usual_ns``), at least twice the usual and, per other rank, at least 50 µs and 1 %
+  of the step. A rank late in every step is the holder of every step; the one-off straggler (a
+  node slow for a moment) is found here.
 - ``waits`` (one row per rank): its collectives, their time, how much of it was waiting for
   the last participant (``wait_ns``, the comm tool's per-collective wait) and how much was
   transfer (``transfer_ns`` = time − wait), how often it was last, and ``caused_ns`` over the
@@ -70,6 +72,8 @@ WAIT_COLUMNS = ["rank", "part", "collectives", "collective_ns", "wait_ns", "tran
 _EFFECTS = ("comm_wait", "device_gap")
 #: Below this much waiting caused, per other rank, nobody held the step back (jitter).
 HOLD_FLOOR_NS = 50_000
+#: A one-off straggler must cost each other rank at least this share of the step.
+OUTLIER_SHARE = 0.01
 
 
 def rank_steps(
@@ -101,8 +105,8 @@ def rank_steps(
     rows = per.assign(start=per["ts"].astype("Int64") - shift)
     rows = rows.assign(busy_ns=rows["step_ns"] - rows["comm_wait_ns"])
     # medians of offsets from the earliest start: a float64 of a ~1.7e18 ns time is off by µs
-    rel = rows["start"] - rows["start"].min()
-    rows["late_start_ns"] = rel - rel.groupby(rows["step"]).transform("median")
+    rel = (rows["start"] - rows["start"].min()).astype("Float64")
+    rows["late_start_ns"] = rel.groupby(rows["step"]).transform(_minus_median_of_others)
     held = _held(trace, rows)
     rows = rows.merge(held, on=["part", "step"], how="left")
     rows[["caused_ns", "last"]] = rows[["caused_ns", "last"]].fillna(0).astype(np.int64)
@@ -235,22 +239,25 @@ def _slowest(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             h, basis = g.iloc[int(np.argmax(held))], "waited for"
         else:
             h, basis = g.iloc[int(np.argmax(g["step_ns"].to_numpy()))], "longest step"
-        med = g[[f"{c}_ns" for c in cats]].median()
+        # the median of the *other* ranks: with two ranks, the other one
+        rest = g[g["part"] != h["part"]]
+        med = rest[[f"{c}_ns" for c in cats]].median()
         excess = {c: float(h[f"{c}_ns"] - med[f"{c}_ns"]) for c in cats}
-        excess["late start"] = 0.0 if pd.isna(h["late_start_ns"]) else float(h["late_start_ns"])
+        late = None if pd.isna(h["late_start_ns"]) else int(h["late_start_ns"])
+        excess["late start"] = 0.0 if late is None else float(late)
         cause = max(excess, key=excess.__getitem__)
         causes += [{"step": step, "holder": h["rank"], "category": c,
                     "holder_ns": int(h[f"{c}_ns"]), "median_ns": int(round(med[f"{c}_ns"])),
                     "excess_ns": int(round(excess[c]))} for c in cats]  # fmt: skip
-        if not pd.isna(h["late_start_ns"]):
+        if late is not None:
             causes.append({"step": step, "holder": h["rank"], "category": "late start",
-                           "holder_ns": int(h["late_start_ns"]), "median_ns": 0,
-                           "excess_ns": int(h["late_start_ns"])})  # fmt: skip
+                           "holder_ns": int(late), "median_ns": 0,
+                           "excess_ns": int(late)})  # fmt: skip
         out.append({
             "step": step, "holder": h["rank"], "basis": basis, "caused_ns": int(h["caused_ns"]),
             "last": int(h["last"]), "collectives": int(g["last"].sum()),
             "holder_step_ns": int(h["step_ns"]), "median_step_ns": int(g["step_ns"].median()),
-            "late_start_ns": h["late_start_ns"],
+            "late_start_ns": late,
             "cause": cause if excess[cause] > 0 else None,
             "cause_ns": int(round(excess[cause])) if excess[cause] > 0 else 0,
             "ranks": len(g),
@@ -268,7 +275,9 @@ def _slowest(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _outliers(rows: pd.DataFrame) -> pd.DataFrame:
     """Steps in which a rank held the others back more than it usually does: its
     ``caused_ns`` against its own median over the selected steps (``usual_ns``), where the
-    excess reaches :data:`HOLD_FLOOR_NS` per other rank; largest excess first. A rank that
+    excess reaches, per other rank, :data:`HOLD_FLOOR_NS` and :data:`OUTLIER_SHARE` of the
+    step's median time, and the usual (at least twice what it usually causes); largest excess
+    first. A rank that
     is late every step is the step's holder (``slowest``); this finds the one-off straggler
     (a slow node for a moment, a preempted process, a page-cache miss) that a persistent
     holder would hide. Needs two steps or more."""
@@ -278,9 +287,37 @@ def _outliers(rows: pd.DataFrame) -> pd.DataFrame:
     others = rows.groupby("step")["part"].transform("size") - 1
     out = rows.assign(usual_ns=usual.round().astype(np.int64))
     out["excess_ns"] = out["caused_ns"] - out["usual_ns"]
-    out = out[out["excess_ns"] >= HOLD_FLOOR_NS * others]
+    # a one-off: per other rank at least the floor and 1 % of the step (less costs the job
+    # nothing worth a look), and at least twice its usual (a rank late in every step varies
+    # from step to step; that is not a one-off)
+    step_ns = rows.groupby("step")["step_ns"].transform("median")
+    floor = np.maximum(HOLD_FLOOR_NS, OUTLIER_SHARE * step_ns) * others
+    out = out[(out["excess_ns"] >= floor) & (out["excess_ns"] >= out["usual_ns"])]
     out = out.sort_values(["excess_ns", "step", "rank"], ascending=[False, True, True])
     return out[OUTLIER_COLUMNS].reset_index(drop=True)
+
+
+def _minus_median_of_others(x: pd.Series) -> pd.Series:
+    """Each value minus the median of the *other* values of its group (NA stays NA, and is
+    nobody's other): with two ranks, the difference to the other one."""
+    out = pd.Series(pd.NA, index=x.index, dtype="Float64")
+    known = x.dropna()
+    n = len(known)
+    if n < 2:
+        return out
+    v = known.to_numpy(np.float64)
+    order = np.argsort(v, kind="stable")
+    sv = v[order]
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    m = n - 1  # values left once a rank's own is taken out
+
+    def nth(j: int) -> np.ndarray:  # the j-th smallest of the others, for every rank at once
+        return sv[j + (j >= pos)]
+
+    med = nth(m // 2) if m % 2 else (nth(m // 2 - 1) + nth(m // 2)) / 2
+    out[known.index] = v - med
+    return out
 
 
 def _heatmap(steps: pd.DataFrame) -> pd.DataFrame:
