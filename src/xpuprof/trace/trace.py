@@ -250,8 +250,10 @@ class Trace:
         import pyarrow.compute as pc
 
         want = pa.array(list(ids), pa.int64())
-        t = self.table("events", columns=["id", "args"])
-        t = t.filter(pc.is_in(t["id"], want))
+        # filtered while scanning: only the matching rows' text is ever held (the whole args
+        # column of a job of hundreds of ranks is gigabytes), and the ids' part bits let the
+        # files of other parts be skipped on their statistics
+        t = self.table("events", columns=["id", "args"], filters=pc.field("id").isin(want))
         from xpuprof.core.raw import decode_json
 
         # text that cannot be decoded here (nesting deeper than Python allows) comes back as
