@@ -188,8 +188,13 @@ def _expected(rp) -> tuple[dict[int, int], set[tuple[int, int]]]:
     time = g.nodes.time.tolist()
     for s, t, k in zip(g.edges.src.tolist(), g.edges.dst.tolist(), g.edges.kind.tolist(),
                        strict=True):  # fmt: skip
-        if k == gap and event[s] >= 0 and event[t] >= 0 and event[s] != event[t] \
-                and time[t] > time[s]:
+        if (
+            k == gap
+            and event[s] >= 0
+            and event[t] >= 0
+            and event[s] != event[t]
+            and time[t] > time[s]
+        ):
             gaps.add((event[s], event[t]))
             per_part[part[t]] += 1
     return dict(per_part), deps, gaps

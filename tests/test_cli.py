@@ -267,8 +267,11 @@ def test_ctrl_c_is_one_line_exit_130() -> None:
     """A real SIGINT, delivered while the command runs."""
     # the default handler, as in a terminal: a process started in the background by a
     # non-interactive shell inherits SIGINT ignored, and Python then installs none
-    proc = _faulty("signal.signal(signal.SIGINT, signal.default_int_handler); "
-                   "os.kill(os.getpid(), signal.SIGINT); time.sleep(30)", "hardware")
+    proc = _faulty(
+        "signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "os.kill(os.getpid(), signal.SIGINT); time.sleep(30)",
+        "hardware",
+    )
     assert proc.returncode == 130
     assert proc.stderr == "interrupted\n" and proc.stdout == ""
 

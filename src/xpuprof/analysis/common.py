@@ -351,6 +351,8 @@ def missing_ranks_note(trace: Trace) -> str | None:
     miss = job["missing"]
     named = ", ".join(map(str, miss[:10])) + (f" and {len(miss) - 10} more" if len(miss) > 10
                                                else "")  # fmt: skip
-    return (f"rank{'s' if len(miss) > 1 else ''} {named} of world size {job['world_size']} "
-            f"{'are' if len(miss) > 1 else 'is'} not in the store: the numbers are of the "
-            f"{len(job['ranks'])} ranks present")
+    return (
+        f"rank{'s' if len(miss) > 1 else ''} {named} of world size {job['world_size']} "
+        f"{'are' if len(miss) > 1 else 'is'} not in the store: the numbers are of the "
+        f"{len(job['ranks'])} ranks present"
+    )

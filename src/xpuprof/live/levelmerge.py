@@ -220,8 +220,10 @@ def ranks_note(store: Any) -> str | None:
         ranks = sorted({s.get("rank") for s in t.sources if s.get("rank") is not None})
     if len(ranks) < 2:
         return None
-    return (f"the script ran {len(ranks)} ranks: every rank recorded each level; the levels are "
-            f"measured and merged on rank {ranks[0]}'s (a synchronous job's ranks step together)")
+    return (
+        f"the script ran {len(ranks)} ranks: every rank recorded each level; the levels are "
+        f"measured and merged on rank {ranks[0]}'s (a synchronous job's ranks step together)"
+    )
 
 
 def units(trace: Any, steps: set[int] | None = None) -> Any:

@@ -138,8 +138,11 @@ def import_cmd(
         None, "--workers", help="Worker processes (default: one per core for large inputs)."
     ),
     force: bool = typer.Option(False, "--force", help="Re-import even unchanged files."),
-    mixed: bool = typer.Option(False, "--mixed", help="Keep traces of different jobs (world "
-                               "sizes, process groups) in one store."),
+    mixed: bool = typer.Option(
+        False,
+        "--mixed",
+        help="Keep traces of different jobs (world sizes, process groups) in one store.",
+    ),
     wait: float = typer.Option(
         60.0, "--wait", help="Seconds to wait while another xpuprof process writes the store."
     ),
@@ -271,8 +274,11 @@ def report(
     output: Path = typer.Option(..., "-o", "--output", help="The HTML file to write."),
     ranks: str = typer.Option(None, "--rank", help=tools.COMMON["ranks"].help),
     steps: str = typer.Option(None, "--steps", help=tools.COMMON["steps"].help),
-    predict: bool = typer.Option(False, "--predict", help="Replay each recommendation's "
-                                 "change and show its predicted gain (docs/advise.md)."),
+    predict: bool = typer.Option(
+        False,
+        "--predict",
+        help="Replay each recommendation's change and show its predicted gain (docs/advise.md).",
+    ),
     as_json: bool = _JSON,
 ) -> None:
     """Write one self-contained HTML report (overview, findings, charts, tables; works
@@ -361,17 +367,29 @@ def capture(
     show("info", [store], {}, as_json)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-             options_metavar="[OPTIONS] -- COMMAND [ARGS]...")
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    options_metavar="[OPTIONS] -- COMMAND [ARGS]...",
+)
 def leveled(
     ctx: typer.Context,
     output: Path = typer.Option(
-        None, "-o", "--out", help="Folder for the level stores, merged.store and leveled.json "
-        "(default: a new temporary folder; an earlier leveled folder is replaced)."),
-    levels: str = typer.Option("model,layer,op,kernel", "--levels",
-                               help="Levels to measure, shallowest first (kernel needs a GPU)."),
-    target: str = typer.Option("2", "--target", help="Rerun a level while the 95 % "
-                               "interval of its median step is wider than ± this %."),
+        None,
+        "-o",
+        "--out",
+        help="Folder for the level stores, merged.store and leveled.json "
+        "(default: a new temporary folder; an earlier leveled folder is replaced).",
+    ),
+    levels: str = typer.Option(
+        "model,layer,op,kernel",
+        "--levels",
+        help="Levels to measure, shallowest first (kernel needs a GPU).",
+    ),
+    target: str = typer.Option(
+        "2",
+        "--target",
+        help="Rerun a level while the 95 % interval of its median step is wider than ± this %.",
+    ),
     max_runs: int = typer.Option(3, "--max-runs", help="Most runs of the script per level."),
     settle: int = typer.Option(1, "--settle", help="Steps of each run not counted."),
     timeout: str = typer.Option(None, "--timeout", help="Stop a run after this (e.g. 10m)."),
@@ -403,24 +421,39 @@ def leveled(
 
 @app.command()
 def sweep(
-    output: Path = typer.Option(..., "-o", "--out", help="Folder for every configuration's "
-                                "stores, summary.parquet, sweep.json and report.html."),
-    models: str = typer.Option(None, "--models", help="Comma-separated: built-ins (mlp, "
-                               "resnet, encoder, gpt, lstm, recommender; default: all) or "
-                               "torchvision:NAME, timm:NAME, hf:NAME."),
+    output: Path = typer.Option(
+        ...,
+        "-o",
+        "--out",
+        help="Folder for every configuration's "
+        "stores, summary.parquet, sweep.json and report.html.",
+    ),
+    models: str = typer.Option(
+        None,
+        "--models",
+        help="Comma-separated: built-ins (mlp, "
+        "resnet, encoder, gpt, lstm, recommender; default: all) or "
+        "torchvision:NAME, timm:NAME, hf:NAME.",
+    ),
     batches: str = typer.Option("4,8,16", "--batch", help="Batch sizes, e.g. 4,8,16 or 1-4."),
     dtypes: str = typer.Option("fp32", "--dtype", help="fp32, bf16, fp16 (comma-separated)."),
-    levels: str = typer.Option("model,layer,op,kernel", "--levels",
-                               help="Levels to measure (kernel needs a GPU)."),
+    levels: str = typer.Option(
+        "model,layer,op,kernel", "--levels", help="Levels to measure (kernel needs a GPU)."
+    ),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    target: str = typer.Option("2", "--target", help="Stop a level once the 95 % interval "
-                               "of its median step is within ± this %."),
+    target: str = typer.Option(
+        "2",
+        "--target",
+        help="Stop a level once the 95 % interval of its median step is within ± this %.",
+    ),
     max_steps: int = typer.Option(40, "--max-steps", help="Most measured steps per level."),
-    threads: int = typer.Option(None, "--threads", help="torch.set_num_threads (default: "
-                                "torch's)."),
+    threads: int = typer.Option(
+        None, "--threads", help="torch.set_num_threads (default: torch's)."
+    ),
     timeout: str = typer.Option("10m", "--timeout", help="Stop a configuration after this."),
-    report_path: Path = typer.Option(None, "--report", help="The HTML report to write "
-                                     "(default: report.html in --out)."),
+    report_path: Path = typer.Option(
+        None, "--report", help="The HTML report to write (default: report.html in --out)."
+    ),
     as_json: bool = _JSON,
     limit: int = _LIMIT,
 ) -> None:
