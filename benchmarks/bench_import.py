@@ -144,7 +144,8 @@ def measure(cmd: list[str], *, timeout: float, env: dict | None = None,
         th.join()
         out.seek(0)
         text = out.read().decode(errors="replace")
-    return {"wall_s": wall, "peak_rss": peak["tree"], "peak_rss_parent": peak["parent"],
+    return {"wall_s": wall, "load": os.getloadavg()[0], "peak_rss": peak["tree"],
+            "peak_rss_parent": peak["parent"],
             "peak_pss": peak["pss"],
             "max_procs": peak["procs"], "rc": rc, "output": text, "cpu_s": tree_cpu,
             "other_cpu_s": other}
@@ -211,6 +212,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "peak_pss_median": int(statistics.median(r["peak_pss"] for r in runs)),
             "max_procs": max(r["max_procs"] for r in runs),
             "cpu_s_median": statistics.median(r["cpu_s"] for r in runs),
+            "load_all": [round(r["load"], 2) for r in runs],
             "other_cpu_s_all": [round(r["other_cpu_s"], 1) for r in runs]}
 
 
@@ -359,6 +361,19 @@ def render(res: dict[str, Any]) -> str:
                      f"{b['max_procs']} | {b['events'] / b['wall_s_median']:,.0f} | "
                      f"{b['mb'] / b['wall_s_median']:,.1f} | {b['cpu_s_median']:.1f} | "
                      f"{b['other_cpu_s_all'][0]:.1f} |")
+    for w, b in (res.get("big_by_workers") or {}).items():
+        lines.append(f"| xpuprof import, 1 file {b['mb']:,.0f} MB, --workers {w} | "
+                     f"{b['wall_s_median']:.2f} s | {b['wall_s_min']:.2f}–{b['wall_s_max']:.2f} s "
+                     f"| {gb(b['peak_rss_median'])} | {gb(b['peak_pss_median'])} | "
+                     f"{gb(b['peak_rss_parent_median'])} | {b['max_procs']} | "
+                     f"{b['events'] / b['wall_s_median']:,.0f} | "
+                     f"{b['mb'] / b['wall_s_median']:,.1f} | {b['cpu_s_median']:.1f} | "
+                     f"{', '.join(f'{x:.1f}' for x in b['other_cpu_s_all'])} |")
+    for key in ("xpuprof", "hta"):
+        if res.get(key):
+            lines.append(f"\n{key}: load average (1 min) after each run: {res[key]['load_all']}")
+    for w, b in (res.get("big_by_workers") or {}).items():
+        lines.append(f"big file, --workers {w}: load average after each run: {b['load_all']}")
     r = res["ratios"]
     lines += ["", "| target | value | pass |", "|---|---|---|"]
 
@@ -409,6 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--big", action="store_true",
                     help="also import one ~2 GB file with xpuprof (peak RSS target <= 4 GB)")
     ap.add_argument("--big-mb", type=float, default=2048)
+    ap.add_argument("--big-workers", default="", metavar="N,M",
+                    help="import the big file with each of these --workers values (e.g. 1,2; "
+                    "default: xpuprof's own choice); the last one fills the summary's big row")
+    ap.add_argument("--big-runs", type=int, default=1, help="runs per --big-workers value")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     ap.add_argument("--retries", type=int, default=2,
                     help="re-run a measurement disturbed by other processes up to this often")
@@ -526,24 +545,36 @@ def main(argv: list[str] | None = None) -> int:
                               single_file_mb=a.big_mb, seed=a.seed)
         warm_cache([f["path"] for f in bman["files"]])
         big_stores: list[Path] = []
+        # each --big-workers value in turn, --big-runs rounds, alternating; "" = xpuprof's choice
+        choices = [w.strip() for w in a.big_workers.split(",")] if a.big_workers else [""]
+        big_runs: dict[str, list[dict[str, Any]]] = {w: [] for w in choices}
+        for i in range(a.big_runs):
+            for w in choices:
+                def big_cmd(attempt: int, w: str = w, i: int = i) -> list[str]:
+                    store = stores / f"big-{os.getpid()}-{w or 'auto'}-{i}-{attempt}"
+                    shutil.rmtree(store, ignore_errors=True)
+                    big_stores.append(store)
+                    extra = ["--workers", w] if w else []
+                    return [*xcmd, "import", bman["files"][0]["path"], "-o", str(store), *extra]
 
-        def big_cmd(attempt: int) -> list[str]:
-            store = stores / f"big-{os.getpid()}-{attempt}"
-            shutil.rmtree(store, ignore_errors=True)
-            big_stores.append(store)
-            return [*xcmd, "import", bman["files"][0]["path"], "-o", str(store)]
-
-        r = measure_clean(big_cmd, label="xpuprof import of the single big file",
-                          retries=a.retries, wait=a.wait_idle, timeout=a.timeout, env=env)
-        if not a.keep_stores:
-            for store in big_stores:
-                shutil.rmtree(store, ignore_errors=True)
-        if r["rc"] != 0:
-            log(r["output"][-3000:])
-            log(f"error: xpuprof import (big) failed with exit code {r['rc']}")
-            return 1
-        log(f"    {r['wall_s']:.2f} s, peak RSS {gb(r['peak_rss'])}" + contention(r))
-        res["big"] = summarize([r]) | {"mb": bman["total_file_bytes"] / 1e6,
+                label = (f"[{i + 1}/{a.big_runs}] xpuprof import of the big file, "
+                         f"workers={w or 'auto'}")
+                r = measure_clean(big_cmd, label=label, retries=a.retries, wait=a.wait_idle,
+                                  timeout=a.timeout, env=env)
+                if not a.keep_stores:
+                    for store in big_stores:
+                        shutil.rmtree(store, ignore_errors=True)
+                if r["rc"] != 0:
+                    log(r["output"][-3000:])
+                    log(f"error: xpuprof import (big) failed with exit code {r['rc']}")
+                    return 1
+                log(f"    {r['wall_s']:.2f} s, peak RSS {gb(r['peak_rss'])}, load "
+                    f"{r['load']:.2f}" + contention(r))
+                big_runs[w].append(r)
+        facts = {"mb": bman["total_file_bytes"] / 1e6, "events": bman["total_events"]}
+        res["big_by_workers"] = {w or "auto": summarize(rs) | facts for w, rs in big_runs.items()}
+        r = big_runs[choices[-1]][-1]
+        res["big"] = summarize(big_runs[choices[-1]]) | {"mb": bman["total_file_bytes"] / 1e6,
                                        "events": bman["total_events"]}
 
     x, h = res.get("xpuprof"), res.get("hta")

@@ -1,10 +1,20 @@
 """Import trace files into a store, one source file per task, in parallel on Dask.
 
 Each file is read, normalized and written by one task, which returns only a small summary: the
-tables never travel between processes, so the parent stays small and the same code runs on a
-LocalCluster here or on a user's cluster (``scheduler=ADDRESS``; the store path must then be
-visible to the workers). Small inputs skip Dask entirely, since starting workers costs more than
-it saves below a few tens of megabytes.
+tables never travel between processes, and the same code runs on a cluster of this machine or
+on a user's cluster (``scheduler=ADDRESS``; the store path must then be visible to the
+workers). Small inputs skip Dask entirely, since starting workers costs more than it saves
+below a few tens of megabytes. On this machine one worker runs in this process, busy from the
+start, while the others' processes come up (:func:`_local_cluster`).
+
+A plain Kineto file of ``SPLIT_MIN_BYTES`` or more that would otherwise keep one worker busy
+alone is decoded in byte ranges, one task each, and put together by one more task that
+normalizes and writes it (``formats/kineto/split.py``: the result is the one-piece decode's,
+or the file is decoded in one piece when a range cannot be used).
+
+Length: every way a source reaches the store (in this process, as one Dask task, in pieces;
+the cluster; the staging and commit around them) in one place, so that one reading shows
+which tasks exist and what each one writes.
 """
 
 from __future__ import annotations
@@ -33,6 +43,12 @@ from xpuprof.trace.store import abandon_staging, begin_staging  # noqa: F401 - l
 
 #: Below this much input, import in-process: a LocalCluster's start-up would cost more.
 PARALLEL_MIN_BYTES = 48 << 20
+#: A plain (not gzip) Kineto file this large is decoded in byte ranges on several workers
+#: when it would otherwise keep one worker busy while the others have nothing left to do
+#: (``formats/kineto/split.py``); below it, one piece is quicker (measured: RESULTS.md).
+SPLIT_MIN_BYTES = 1 << 30
+#: The staging folder's subfolder where pieces of a file cut in ranges wait to be combined.
+_SPILL = ".pieces"
 
 Progress = Callable[[int, int], None]
 
@@ -95,24 +111,73 @@ def _report(
     )
 
 
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Decoders allocate millions of small objects; the cyclic collector costs them 3-4x."""
+    import gc
+
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if gc_was:
+            gc.enable()
+
+
 def read_source(path: Path, lenient: bool, progress: Progress | None = None) -> Any:
     """Read one source file with the reader its format needs (a RawTrace whose ``format`` is
     that reader's name, which the normaliser takes the category vocabulary from)."""
-    import gc
-
     from xpuprof.formats import reader_for
 
     reader = reader_for(path)
     cb = (lambda done: progress(done, 0)) if progress else None
-    gc_was = gc.isenabled()
-    gc.disable()  # the decoder allocates millions of small objects; collection costs 3-4x
-    try:
+    with _no_gc():
         raw = reader.read(path, lenient=lenient, progress=cb)
-    finally:
-        if gc_was:
-            gc.enable()
     raw.format = reader.name
     return raw
+
+
+def read_piece(
+    path: str, start: int, end: int | None, first: bool, layout: str, spill_dir: str, tag: str,
+    lenient: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """One byte range of a file cut by :func:`_split_plans` (a Dask task): its columns go to
+    IPC files under ``spill_dir``; what :func:`import_pieces` needs comes back."""
+    from xpuprof.formats.kineto import split
+
+    with _no_gc():
+        return split.decode_piece(path, start, end, first, layout, spill_dir, tag, lenient)
+
+
+def import_pieces(
+    plan: dict[str, Any],
+    pieces: list[dict[str, Any]],
+    sha256: str,
+    part: int,
+    out_dir: str,
+    lenient: bool,
+    rank_hint: RankHint | None = None,
+) -> dict[str, Any]:
+    """:func:`import_file` for a file decoded in pieces (a Dask task): the pieces put
+    together, normalized and written; when a piece could not be used (damage, a cut that was
+    not an entry boundary, …) the file is decoded again in one piece, which reports whatever
+    is wrong as a one-piece import does."""
+    from xpuprof.formats.kineto import split
+
+    path = plan["path"]
+    spill = str(Path(out_dir) / _SPILL)
+    with _no_gc():
+        raw = split.combine(plan, pieces, spill, sha256)
+    if raw is None:
+        return import_file(path, part, out_dir, lenient, None, rank_hint)
+    raw.format = "kineto"
+    if rank_hint is None:
+        n = rank_from_name(Path(path))
+        rank_hint = (n, "file name") if n is not None else None
+    entry = write_raw(raw, part, out_dir, rank_hint=rank_hint)
+    entry.update(path=path, size=plan["size"], mtime_ns=plan["mtime_ns"])
+    return entry
 
 
 def import_file(
@@ -303,8 +368,9 @@ def _run(
     total = sum(_size(p) for p, _ in jobs)
     n_cpu = os.cpu_count() or 1
     if workers is None:
-        parallel = len(jobs) > 1 and total >= PARALLEL_MIN_BYTES and n_cpu > 1
-        workers = min(n_cpu, len(jobs)) if parallel else 1
+        big = n_cpu > 1 and any(_size(p) >= SPLIT_MIN_BYTES and _can_split(p) for p, _ in jobs)
+        parallel = n_cpu > 1 and (len(jobs) > 1 and total >= PARALLEL_MIN_BYTES or big)
+        workers = (n_cpu if big else min(n_cpu, len(jobs))) if parallel else 1
     if scheduler is None and workers <= 1:
         return _run_here(jobs, staging, lenient, total, progress, hints or {}), 1
     return _run_on_dask(jobs, staging, lenient, scheduler, workers, total, progress, hints or {})
@@ -344,7 +410,8 @@ def _preload(jobs: list[tuple[Path, int]]) -> str:
     need once (the readers of these files), not from this process, whose other threads
     (DuckDB's, torch's, a web server's) may hold a lock at the fork and leave the child stuck
     — the cluster then waits forever (seen in the test suite). Costs the server's start once
-    per process (8-rank benchmark import: 5.0–5.7 s forked here, 7.0 s); else spawn."""
+    per process (8-rank benchmark import: 5.0–5.7 s forked here, 7.0 s), now overlapped with
+    the work of the worker in this process; else spawn."""
     import multiprocessing
 
     from xpuprof.formats import reader_for
@@ -353,11 +420,67 @@ def _preload(jobs: list[tuple[Path, int]]) -> str:
     for path, _ in jobs:
         with contextlib.suppress(XpuprofError):  # the worker reports it, with the others'
             modules.update(dict.fromkeys(reader_for(path).preload))
+    if "xpuprof.formats.kineto.decode" in modules:
+        modules["xpuprof.formats.kineto.split"] = None  # for a file decoded in pieces
     if "forkserver" not in _start_methods():
         return "spawn"
-    # read when the fork server starts (the first import on Dask in this process)
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(modules))
+    import dask
+    from distributed.utils import get_mp_context
+
+    # Dask sets its own preload list the first time it starts a process, over any set before:
+    # let it do so now, then add ours (read when the fork server starts, at the first import
+    # on Dask in this process)
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+        get_mp_context()
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["distributed", *modules])
     return "forkserver"
+
+
+def _can_split(path: Path) -> bool:
+    """True for a file ``formats/kineto/split.py`` can decode in byte ranges."""
+    from xpuprof.formats import reader_for
+
+    try:
+        if reader_for(path).name != "kineto":
+            return False
+    except XpuprofError:
+        return False
+    from xpuprof.formats.kineto.split import splittable
+
+    return splittable(path)
+
+
+def _split_plans(jobs: list[tuple[Path, int]], total: int, workers: int) -> dict[int, Any]:
+    """The files to decode in byte ranges, by part, with their cuts: plain Kineto files of at
+    least ``SPLIT_MIN_BYTES`` that hold more than one worker's share of the input (smaller
+    ones keep the workers busy on their own)."""
+    if workers < 2:
+        return {}
+    from xpuprof.formats.kineto import split
+
+    share = total / workers
+    plans = {}
+    for path, part in jobs:
+        size = _size(path)
+        if size < SPLIT_MIN_BYTES or size <= share or not _can_split(path):
+            continue
+        plan = split.plan(path, 2 * workers)  # two per worker: a slow one is evened out
+        if plan is not None:
+            plans[part] = plan
+    return plans
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    except OSError as e:
+        raise XpuprofError(f"{path}: cannot read ({e.strerror or e})") from None
+    return h.hexdigest()
 
 
 def _run_on_dask(
@@ -370,58 +493,129 @@ def _run_on_dask(
     progress: Progress | None,
     hints: dict[Path, RankHint],
 ) -> tuple[list[dict[str, Any]], int]:
-    import dask
-    from dask.distributed import Client, LocalCluster, as_completed
+    from dask.distributed import Client, as_completed
 
-    cluster = None
-    if scheduler:
-        client = Client(scheduler)
-    else:
-        method = _preload(jobs)
-        with dask.config.set({"distributed.worker.multiprocessing-method": method}):
-            cluster = LocalCluster(
-                n_workers=workers,
-                threads_per_worker=1,
-                processes=True,
-                dashboard_address=None,
-                silence_logs=logging.CRITICAL,  # our own error line is the one to read
-            )
-        client = Client(cluster)
-    try:
-        n_workers = len(client.scheduler_info().get("workers", {})) or workers
-        # biggest files first: the last task to start should be a small one
-        ordered = sorted(jobs, key=lambda j: -_size(j[0]))
-        futures = [
-            client.submit(
-                import_file,
-                str(p),
-                part,
-                str(staging),
-                lenient,
-                None,
-                hints.get(p),
-                key=f"import-{part}",
-            )  # fmt: skip
-            for p, part in ordered
-        ]
-        sizes = {f"import-{part}": _size(p) for p, part in ordered}
-        results = []
-        done = 0
-        for fut in as_completed(futures):
-            try:
-                results.append(fut.result())
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
-            done += sizes[fut.key]
-            if progress:
-                progress(done, total)
-        return results, n_workers
-    finally:
-        client.close()
-        if cluster is not None:
+    with contextlib.ExitStack() as stack:
+        if scheduler:
+            client = stack.enter_context(Client(scheduler))
+            n_workers = len(client.scheduler_info().get("workers", {})) or workers
+        else:
+            client = stack.enter_context(Client(stack.enter_context(_local_cluster(jobs, workers))))
+            n_workers = workers
+        return _submit_all(client, as_completed, jobs, staging, lenient, n_workers, total,
+                           progress, hints)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _local_cluster(jobs: list[tuple[Path, int]], workers: int) -> Iterator[Any]:
+    """A Dask cluster of ``workers`` on this machine: one worker in this process, ready at
+    once, and ``workers - 1`` processes started in the background (from a fork server, see
+    :func:`_preload`) that join as they come up. Starting processes costs about a second
+    (importing the readers once, in the fork server), which this process spends importing
+    the first file instead of waiting."""
+    import dask
+    from dask.distributed import Nanny, Scheduler, SpecCluster, Worker
+    from distributed.worker_memory import parse_memory_limit
+
+    method = _preload(jobs)
+    quiet = {"silence_logs": logging.CRITICAL}  # our own error line is the one to read
+    # as LocalCluster does: this machine only, no dashboard (its HTTP server on a free port:
+    # no clash, no warning on a busy 8787), each worker its share of the memory
+    here = {"host": "127.0.0.1", "dashboard": False}
+    memory = parse_memory_limit("auto", 1, workers, logger=logging.getLogger("distributed"))
+    opts = {**here, "nthreads": 1, "memory_limit": memory}
+    # the Nanny reads the start method when it starts its process, after this returns
+    with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+        cluster = SpecCluster(
+            workers={"here": {"cls": Worker, "options": opts}},
+            scheduler={"cls": Scheduler, "options": {**here, "dashboard_address": "127.0.0.1:0"}},
+            worker={"cls": Nanny, "options": {**opts, **quiet}},
+            **quiet,
+        )
+        try:
+            cluster.scale(workers)  # does not wait for the new workers
+            yield cluster
+        finally:
             cluster.close()
+
+
+def _submit_all(
+    client: Any,
+    as_completed: Any,
+    jobs: list[tuple[Path, int]],
+    staging: Path,
+    lenient: bool,
+    n_workers: int,
+    total: int,
+    progress: Progress | None,
+    hints: dict[Path, RankHint],
+) -> tuple[list[dict[str, Any]], int]:
+    """Submit every file (or its pieces and the task that puts them together), wait for them
+    all; on the first failure cancel the rest and raise it."""
+    futures: list[Any] = []
+    # biggest files first: the last task to start should be a small one
+    ordered = sorted(jobs, key=lambda j: -_size(j[0]))
+    plans = _split_plans(ordered, total, n_workers)
+    spill = staging / _SPILL
+    if plans:
+        spill.mkdir(exist_ok=True)
+    pieces: dict[int, list[Any]] = {}
+    for p, part in ordered:
+        plan = plans.get(part)
+        if plan is None:
+            futures.append(client.submit(import_file, str(p), part, str(staging), lenient,
+                                         None, hints.get(p), key=f"import-{part}"))  # fmt: skip
+            continue
+        pieces[part] = [
+            client.submit(
+                read_piece,
+                plan.path,
+                a,
+                z,
+                k == 0,
+                plan.layout,
+                str(spill),
+                f"{part:05d}-{k}",
+                lenient,
+                key=f"piece-{part}-{k}",
+            )  # fmt: skip
+            for k, (a, z) in enumerate(plan.ranges)
+        ]
+        futures.extend(pieces[part])
+    # while the workers decode: the hash of each file cut in pieces, which no piece sees
+    # whole, then the task that puts its pieces together
+    combines = [
+        client.submit(
+            import_pieces,
+            plan.to_dict(),
+            pieces[part],
+            _sha256(Path(plan.path)),
+            part,
+            str(staging),
+            lenient,
+            hints.get(Path(plan.path)),
+            key=f"import-{part}",
+        )  # fmt: skip
+        for part, plan in plans.items()
+    ]
+    futures.extend(combines)
+    waited = [f for f in futures if f.key.startswith("import-")]
+    sizes = {f"import-{part}": _size(p) for p, part in ordered}
+    results = []
+    done = 0
+    for fut in as_completed(waited):
+        try:
+            results.append(fut.result())
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+        done += sizes[fut.key]
+        if progress:
+            progress(done, total)
+    if plans:
+        spill.rmdir()  # emptied by the tasks that put the pieces together
+    return results, n_workers
 
 
 def import_traces(
