@@ -427,16 +427,22 @@ def whatif(
 
 def ranks(
     trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
-    path: bool = True, workers: int | None = None, scheduler: str | None = None,
+    path: bool | None = None, workers: int | None = None, scheduler: str | None = None,
 ) -> Result:  # fmt: skip
     """Cross-rank views (:func:`xpuprof.analysis.ranks.rank_steps`: step time per rank and
     step, the rank holding each step back and why, wait vs transfer per rank) and, with
     ``path``, the job's critical path across ranks through the replay graph
-    (:func:`xpuprof.sim.paths.job_path_tables`)."""
+    (:func:`xpuprof.sim.paths.job_path_tables`; by default below 32 ranks only: the replay
+    holds the whole job in one process)."""
+    from xpuprof.analysis.per_rank import DASK_MIN_PARTS
     from xpuprof.analysis.ranks import rank_steps
 
     res = rank_steps(trace, ranks=ranks, steps=steps, workers=workers, scheduler=scheduler)
-    if path and "steps" in res.tables:
+    n = res.facts.get("ranks", 0)
+    if path is None and n >= DASK_MIN_PARTS and "steps" in res.tables:
+        res.notes.append(f"the job's critical path replays all {n} ranks in one process: left "
+                         f"out from {DASK_MIN_PARTS} ranks up (--path to ask for it)")  # fmt: skip
+    elif (path or path is None) and "steps" in res.tables:
         _job_path(trace, ranks, steps, res)
     if "steps" in res.tables and _one_part_per_rank(res.tables["steps"]):
         res.tables = {k: v.drop(columns="part", errors="ignore") for k, v in res.tables.items()}
@@ -812,7 +818,8 @@ TOOLS: tuple[Tool, ...] = (
          "why, collective wait vs transfer per rank, and the job's critical path across ranks "
          "(docs/ranks.md).",
          options=(Option("path", "Also the job's critical path across ranks (replays the "
-                                 "trace).", True, bool, flag="--path/--no-path"),
+                                 "trace; default: below 32 ranks).", None, bool,
+                         flag="--path/--no-path"),
                   Option("workers", "Dask workers for the per-rank analysis (default: one "
                                     "per core from 32 ranks up, else in this process).",
                          type=int, local=True),
