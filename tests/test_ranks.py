@@ -140,6 +140,25 @@ def test_per_rank_tasks_on_dask_equal_the_in_process_answer(tmp_path):
     assert here.facts == there.facts
 
 
+def test_ranks_command_on_a_cluster_by_address(tmp_path):
+    """``xpuprof ranks STORE --scheduler ADDRESS`` (a user's own cluster; here a LocalCluster
+    started by the test): the per-rank work runs there, and the answer is the in-process one."""
+    from dask.distributed import LocalCluster
+
+    store = _job(tmp_path, {(2, 1): 110}, {})
+    with xpuprof.load(store) as t:
+        here = rank_steps(t)
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
+        proc = cli("ranks", str(store), "--no-path", "--json", "--scheduler",
+                   cluster.scheduler_address)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["facts"]["holder"] == here.facts["holder"] == 2
+    assert [r["caused_ns"] for r in doc["tables"]["slowest"]] == here.tables["slowest"][
+        "caused_ns"
+    ].tolist()
+
+
 def test_a_trace_of_some_parts_reads_only_those(tmp_path):
     """``Trace(path, parts=[p])``: the events of part p only (counted with SQL on the whole
     store), its manifest's row totals recounted; an unknown part is a clear error."""
