@@ -159,6 +159,26 @@ def test_ranks_command_on_a_cluster_by_address(tmp_path):
     ].tolist()
 
 
+def test_diagnosis_of_many_ranks_as_tasks_equals_one_process(tmp_path, monkeypatch):
+    """From :data:`~xpuprof.analysis.per_rank.DASK_MIN_PARTS` ranks up the diagnosis (what
+    the overview and the advisor read) runs one Dask task per rank; lowered to 2 here, the
+    4-rank job's tables and facts equal the one-process answer."""
+    from xpuprof.analysis import per_rank
+    from xpuprof.analysis.diagnosis import diagnosis
+
+    store = _job(tmp_path, {(2, 1): 110}, {(1, 2): 80})
+    with xpuprof.load(store) as t:
+        here = diagnosis(t)
+    monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 2)
+    with xpuprof.load(store) as t:
+        there = diagnosis(t)
+    assert set(here.tables) == set(there.tables) == {"steps", "summary", "events"}
+    for name, table in here.tables.items():
+        pd.testing.assert_frame_equal(table, there.tables[name], check_dtype=False)
+    assert here.facts == there.facts and here.notes == there.notes
+    assert "comm_wait" in set(here.tables["summary"]["category"])  # the seeded waits counted
+
+
 def test_a_trace_of_some_parts_reads_only_those(tmp_path):
     """``Trace(path, parts=[p])``: the events of part p only (counted with SQL on the whole
     store), its manifest's row totals recounted; an unknown part is a clear error."""

@@ -127,24 +127,75 @@ def _diagnosis(trace: Trace, ranks, steps: StepSelection, top: int) -> Result:
     if not parts:
         res.notes.append("no rank selected: nothing to diagnose")
         return res
+    from xpuprof.analysis.per_rank import DASK_MIN_PARTS
+
+    if len(parts) >= DASK_MIN_PARTS:
+        per_step, events, notes = _on_ranks(trace, parts, steps, top)
+    else:
+        per_step, events, notes = _of_parts(trace, parts, steps, top)
+    res.notes += notes
+    if per_step is None:
+        res.notes.append("no steps selected and no events: nothing to diagnose")
+        return res
+    res.tables["summary"] = _summary(per_step)
+    per_step = per_step[[c for c in per_step.columns if not c.startswith("_idle_")]]
+    res.tables["steps"] = per_step
+    res.tables["events"] = events
+    res.facts = _facts(trace, res.tables)
+    return res
+
+
+def _of_parts(trace: Trace, parts: list[int], steps: StepSelection,
+              top: int) -> tuple[pd.DataFrame | None, pd.DataFrame, list[str]]:  # fmt: skip
+    """The per-step table (with its ``_idle_`` columns), the events table and the paths'
+    notes of ``parts``, in this process."""
     paths = path_times(trace, parts)
-    rows, evs = [], []
+    notes: list[str] = []
     for p in parts:
-        res.notes += [n for n in paths[p].notes if n not in res.notes]
+        notes += [n for n in paths[p].notes if n not in notes]
+    rows, evs = [], []
     for pt, w in _units(trace, parts, steps, paths):
         r, e = _per_step(pt, w)
         rows.append(r)
         evs.append(e)
     if not rows:
-        res.notes.append("no steps selected and no events: nothing to diagnose")
-        return res
+        return None, pd.DataFrame(), notes
     per_step = pd.concat(rows, ignore_index=True)
-    res.tables["summary"] = _summary(per_step)
-    per_step = per_step[[c for c in per_step.columns if not c.startswith("_idle_")]]
-    res.tables["steps"] = per_step
-    res.tables["events"] = _events(trace, pd.concat(evs, ignore_index=True), per_step, top)
-    res.facts = _facts(trace, res.tables, paths)
-    return res
+    events = _events(trace, pd.concat(evs, ignore_index=True), per_step, top)
+    return per_step, events, notes
+
+
+def part_diagnosis(
+    trace: Trace, steps: StepSelection = None, top: int = 5
+) -> tuple[pd.DataFrame | None, pd.DataFrame, list[str]]:
+    """:func:`_of_parts` of a Trace of one part (a per-rank task of :func:`_on_ranks`)."""
+    return _of_parts(trace, [int(s["part"]) for s in trace.sources], steps, top)
+
+
+def _on_ranks(trace: Trace, parts: list[int], steps: StepSelection,
+              top: int) -> tuple[pd.DataFrame | None, pd.DataFrame, list[str]]:  # fmt: skip
+    """:func:`_of_parts` as Dask tasks, one rank each (:mod:`xpuprof.analysis.per_rank`):
+    every table is per part, so the ranks' answers are concatenated; the one input that
+    crosses ranks, the collectives' waits, is computed here and handed to each task."""
+    from xpuprof.analysis.comm import collective_waits
+    from xpuprof.analysis.per_rank import map_parts
+
+    waits = collective_waits(trace)
+    key = ("analysis.comm.collective_waits",)
+    seeds = {p: {key: waits[waits["part"] == p].reset_index(drop=True)} for p in parts}
+    got = map_parts(trace, "xpuprof.analysis.diagnosis:part_diagnosis", parts, seeds=seeds,
+                    kwargs={"steps": steps, "top": top})  # fmt: skip
+    notes: list[str] = []
+    rows, evs = [], []
+    for p in parts:
+        r, e, n = got[p]
+        notes += [x for x in n if x not in notes]
+        if r is not None:
+            rows.append(r)
+            evs.append(e)
+    if not rows:
+        return None, pd.DataFrame(), notes
+    return pd.concat(rows, ignore_index=True), pd.concat(evs, ignore_index=True), notes
 
 
 # ---------------------------------------------------------------------------- step windows
@@ -331,7 +382,9 @@ def _events(trace: Trace, ev: pd.DataFrame, per_step: pd.DataFrame, top: int) ->
     one = keep[keep.event >= 0].groupby([*k, "event"], as_index=False).ns.sum()
     ids = one.sort_values("event").groupby(k).event.agg(lambda x: x.head(MAX_IDS).tolist())
     count = one.groupby(k).size()
-    top1 = one.sort_values("ns").groupby(k).tail(1).set_index(k)
+    # the longest; on a tie the first event (a stable rule: ranks analysed apart agree)
+    top1 = one.sort_values(["ns", "event"], ascending=[True, False], kind="stable")
+    top1 = top1.groupby(k).tail(1).set_index(k)
     idx = pd.MultiIndex.from_frame(g[k])
     g["steps"] = [v if isinstance(v, list) else [] for v in steps.reindex(idx).tolist()]
     g["ids"] = [v if isinstance(v, list) else [] for v in ids.reindex(idx).tolist()]
@@ -370,12 +423,13 @@ def device_label(trace: Trace, part: int, device: int) -> str:
     return f"{kind.get(platform_of(trace, part).vendor, 'device')} {device}"
 
 
-def _facts(trace: Trace, tables: dict, paths: dict[int, PathTime]) -> dict:
+def _facts(trace: Trace, tables: dict) -> dict:
     per_step, summary, events = tables["steps"], tables["summary"], tables["events"]
     part, device, why = judged(per_step)
     s = summary[(summary.part == part) & (summary.device == device)
                 & summary.category.isin(BOTTLENECKS)]  # fmt: skip
-    facts: dict = {"steps": len(per_step), "path": paths[part].source}
+    # the judged part's path (computed again here when the ranks were tasks: one rank)
+    facts: dict = {"steps": len(per_step), "path": path_times(trace, [part])[part].source}
     if s.empty:
         return facts
     top = s.iloc[0]
