@@ -103,14 +103,22 @@ def diagnosis(
 
 
 def step_times(trace: Trace, *, ranks: Iterable[int] | None = None,
-               steps: StepSelection = None) -> pd.DataFrame:  # fmt: skip
+               steps: StepSelection = None, workers: int | None = None,
+               scheduler: str | None = None) -> pd.DataFrame:  # fmt: skip
     """The ``steps`` table of :func:`diagnosis` alone (ns per category per rank, device and
-    step), without the events and the headline: what a cross-rank view needs of each rank."""
-    wanted = None if ranks is None else {int(r) for r in ranks}
-    parts = [int(s["part"]) for s in trace.sources
-             if wanted is None or (s["rank"] is not None and int(s["rank"]) in wanted)]  # fmt: skip
+    step), without the events and the headline: what a cross-rank view needs of each rank.
+    One Dask task per rank for many ranks (:func:`xpuprof.analysis.per_rank.on_dask`)."""
+    from xpuprof.analysis.per_rank import map_parts, on_dask, selected_parts, wait_seeds
+
+    parts = selected_parts(trace, ranks)
     if not parts:
         return pd.DataFrame()
+    if on_dask(len(parts), workers, scheduler):
+        got = map_parts(trace, "xpuprof.analysis.diagnosis:step_times", parts,
+                        seeds=wait_seeds(trace, parts), kwargs={"steps": steps},
+                        workers=workers, scheduler=scheduler)  # fmt: skip
+        frames = [got[p] for p in parts if len(got[p])]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     paths = path_times(trace, parts)
     rows = [_per_step(pt, w)[0] for pt, w in _units(trace, parts, steps, paths)]
     if not rows:
@@ -120,16 +128,14 @@ def step_times(trace: Trace, *, ranks: Iterable[int] | None = None,
 
 
 def _diagnosis(trace: Trace, ranks, steps: StepSelection, top: int) -> Result:
+    from xpuprof.analysis.per_rank import on_dask, selected_parts
+
     res = Result(facts={"steps": 0})
-    wanted = None if ranks is None else {int(r) for r in ranks}
-    parts = [int(s["part"]) for s in trace.sources
-             if wanted is None or (s["rank"] is not None and int(s["rank"]) in wanted)]  # fmt: skip
+    parts = selected_parts(trace, ranks)
     if not parts:
         res.notes.append("no rank selected: nothing to diagnose")
         return res
-    from xpuprof.analysis.per_rank import DASK_MIN_PARTS
-
-    if len(parts) >= DASK_MIN_PARTS:
+    if on_dask(len(parts)):
         per_step, events, notes = _on_ranks(trace, parts, steps, top)
     else:
         per_step, events, notes = _of_parts(trace, parts, steps, top)
@@ -177,12 +183,9 @@ def _on_ranks(trace: Trace, parts: list[int], steps: StepSelection,
     """:func:`_of_parts` as Dask tasks, one rank each (:mod:`xpuprof.analysis.per_rank`):
     every table is per part, so the ranks' answers are concatenated; the one input that
     crosses ranks, the collectives' waits, is computed here and handed to each task."""
-    from xpuprof.analysis.comm import collective_waits
-    from xpuprof.analysis.per_rank import map_parts
+    from xpuprof.analysis.per_rank import map_parts, wait_seeds
 
-    waits = collective_waits(trace)
-    key = ("analysis.comm.collective_waits",)
-    seeds = {p: {key: waits[waits["part"] == p].reset_index(drop=True)} for p in parts}
+    seeds = wait_seeds(trace, parts)
     got = map_parts(trace, "xpuprof.analysis.diagnosis:part_diagnosis", parts, seeds=seeds,
                     kwargs={"steps": steps, "top": top})  # fmt: skip
     notes: list[str] = []

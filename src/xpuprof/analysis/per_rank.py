@@ -50,11 +50,36 @@ def map_parts(
     parts = [int(p) for p in parts]
     seeds = seeds or {}
     kwargs = kwargs or {}
-    n = workers if workers is not None else (os.cpu_count() or 1)
-    here = scheduler is None and (n <= 1 or (workers is None and len(parts) < DASK_MIN_PARTS))
-    if here:
+    if not on_dask(len(parts), workers, scheduler):
         return {p: run_part(str(trace.path), p, target, seeds.get(p, {}), kwargs) for p in parts}
+    n = workers if workers is not None else (os.cpu_count() or 1)
     return _on_dask(str(trace.path), parts, target, seeds, kwargs, n, scheduler)
+
+
+def on_dask(n_parts: int, workers: int | None = None, scheduler: str | None = None) -> bool:
+    """Whether per-rank work over ``n_parts`` parts goes to Dask: always on a given
+    scheduler; never with one worker (or one core); by default from :data:`DASK_MIN_PARTS`."""
+    if scheduler is not None:
+        return True
+    n = workers if workers is not None else (os.cpu_count() or 1)
+    return n > 1 and (workers is not None or n_parts >= DASK_MIN_PARTS)
+
+
+def wait_seeds(trace: Trace, parts: Iterable[int]) -> dict[int, dict[Any, Any]]:
+    """Per part, the memo entry its task needs from the other ranks: its collectives' waits
+    (:func:`xpuprof.analysis.comm.collective_waits`, computed here once for the store)."""
+    from xpuprof.analysis.comm import collective_waits
+
+    waits = collective_waits(trace)
+    key = ("analysis.comm.collective_waits",)
+    return {int(p): {key: waits[waits["part"] == p].reset_index(drop=True)} for p in parts}
+
+
+def selected_parts(trace: Trace, ranks: Iterable[int] | None) -> list[int]:
+    """The parts of the ranks ``ranks`` (None: every part)."""
+    wanted = None if ranks is None else {int(r) for r in ranks}
+    return [int(s["part"]) for s in trace.sources
+            if wanted is None or (s["rank"] is not None and int(s["rank"]) in wanted)]  # fmt: skip
 
 
 def run_part(path: str, part: int, target: str, seed: dict[Any, Any],

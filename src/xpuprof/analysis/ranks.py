@@ -90,7 +90,7 @@ def rank_steps(
     (:mod:`xpuprof.analysis.per_rank`). Facts: ``headline``, ``holder`` (the rank holding back
     the most steps), ``held_steps``, ``steps``, ``ranks``."""
     res = Result()
-    per = _per_rank_steps(trace, ranks, steps, workers, scheduler)
+    per = step_times(trace, ranks=ranks, steps=steps, workers=workers, scheduler=scheduler)
     if per is None or per.empty:
         res.notes.append("no steps to compare across ranks")
         return res
@@ -137,35 +137,6 @@ def rank_steps(
     res.notes += _notes(slowest)
     res.facts = _facts(slowest, step_table, outliers)
     return res
-
-
-def part_steps(trace: Trace, steps: StepSelection = None) -> pd.DataFrame:
-    """The diagnosis' ``steps`` table of ``trace`` (one rank's view, in a per-rank task)."""
-    return step_times(trace, steps=steps)
-
-
-def _per_rank_steps(trace: Trace, ranks: Iterable[int] | None, steps: StepSelection,
-                    workers: int | None, scheduler: str | None) -> pd.DataFrame | None:  # fmt: skip
-    """The diagnosis' ``steps`` table of the selected ranks: in this process for a few ranks,
-    else one Dask task per rank, each seeded with its collectives' waits (the only input
-    that crosses ranks)."""
-    from xpuprof.analysis.comm import collective_waits
-    from xpuprof.analysis.per_rank import DASK_MIN_PARTS, map_parts
-
-    wanted = None if ranks is None else {int(r) for r in ranks}
-    parts = [int(s["part"]) for s in trace.sources
-             if wanted is None or (s["rank"] is not None and int(s["rank"]) in wanted)]  # fmt: skip
-    local = scheduler is None and (workers == 1 or (workers is None
-                                                    and len(parts) < DASK_MIN_PARTS))  # fmt: skip
-    if local:
-        return step_times(trace, ranks=ranks, steps=steps)
-    waits = collective_waits(trace)
-    key = ("analysis.comm.collective_waits",)
-    seeds = {p: {key: waits[waits["part"] == p].reset_index(drop=True)} for p in parts}
-    got = map_parts(trace, "xpuprof.analysis.ranks:part_steps", parts, seeds=seeds,
-                    kwargs={"steps": steps}, workers=workers, scheduler=scheduler)  # fmt: skip
-    frames = [got[p] for p in parts if len(got[p])]
-    return pd.concat(frames, ignore_index=True) if frames else None
 
 
 def clock_offsets(trace: Trace) -> dict[int, int | None]:
