@@ -231,6 +231,7 @@ def _host_collectives(
     c10d = np.flatnonzero(h.is_c10d.to_numpy(bool))
     c10d = c10d[np.argsort(host.ts[c10d], kind="stable")]
     spans = row[~h.is_c10d.to_numpy(bool)[row]]  # gloo's worker spans, not c10d calls
+    threads: dict[tuple[int, int], np.ndarray] = {}  # (pid, tid) -> its points, once
     if pts is not None and len(c10d):
         for r in spans.tolist():
             mine = c10d[(host.pid[c10d] == host.pid[r]) & (host.tid[c10d] != host.tid[r])]
@@ -241,7 +242,10 @@ def _host_collectives(
                 src.append(hs["start"][mine[k]])
                 dst.append(hs["start"][r])
             tid, end = host.tid[mine[k]], host.end[r]
-            on = np.flatnonzero((pts["pid"] == host.pid[r]) & (pts["tid"] == tid))
+            key = (int(host.pid[r]), int(tid))
+            if key not in threads:
+                threads[key] = np.flatnonzero((pts["pid"] == key[0]) & (pts["tid"] == key[1]))
+            on = threads[key]
             j = np.searchsorted(pts["time"][on], end, side="left")
             if j >= len(on) or j == 0:
                 continue

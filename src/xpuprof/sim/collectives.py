@@ -115,13 +115,13 @@ def _rendezvous(b: Builder, mm: pd.DataFrame, offsets: dict[int, int]) -> None:
     r_node = pd.Series(rz + np.arange(k), index=keys).reindex(mm["key"]).to_numpy()
     t_ns = pd.Series(last["dur"].to_numpy(), index=keys).reindex(mm["key"]).to_numpy()
     starts = mm["start"].to_numpy()
-    ends = mm["end"].to_numpy() if "end" in mm else starts + 1
+    ends = mm["end"].to_numpy()
     b.add_edges(starts, r_node, COLLECTIVE, 0, False)
     # a kernel's own run (its timeline edge) takes the transfer time too: see calibrate; a
     # host collective's span (gloo) ends at the later of its start and rendezvous + transfer,
     # unless it ended before the last participant arrived: it did not wait for the others
     # (a broadcast's root, whose send the socket buffered), so its end stays its own
-    host = mm["host"].fillna(False).to_numpy(bool) if "host" in mm else np.zeros(len(mm), bool)
+    host = mm["host"].to_numpy(bool)
     rz_time = last["astart"].reindex(mm["key"]).to_numpy()
     aend = mm["astart"].to_numpy() + mm["dur"].to_numpy()
     alone = host & (aend < rz_time)
