@@ -67,6 +67,16 @@ class ImportReport:
     workers: int
     reused: list[str] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, root: Path, manifest: dict[str, Any], t0: float, workers: int,
+           reused: list[str] | None = None) -> ImportReport:  # fmt: skip
+        """The report of a write that left ``manifest`` at ``root``, begun at ``t0``
+        (``time.perf_counter()``)."""
+        return cls(store=str(root), noop=False, sources=manifest["sources"],
+                   rows=manifest["rows"], levels=manifest["levels"],
+                   events_read=manifest["events_read"], seconds=time.perf_counter() - t0,
+                   workers=workers, reused=reused or [])  # fmt: skip
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "store": self.store,
@@ -93,22 +103,6 @@ class ImportReport:
                 for s in self.sources
             ],
         }
-
-
-def _report(
-    root: Path, manifest: dict[str, Any], t0: float, workers: int, reused: list[str] | None = None
-) -> ImportReport:
-    return ImportReport(
-        store=str(root),
-        noop=False,
-        sources=manifest["sources"],
-        rows=manifest["rows"],
-        levels=manifest["levels"],
-        events_read=manifest["events_read"],
-        seconds=time.perf_counter() - t0,
-        workers=workers,
-        reused=reused or [],
-    )
 
 
 @contextlib.contextmanager
@@ -311,7 +305,7 @@ def store_raw(
         except BaseException:
             st.discard(staging)
             raise
-    return _report(root, manifest, t0, 1)
+    return ImportReport.of(root, manifest, t0, 1)
 
 
 def _unchanged(entry: dict[str, Any], path: Path) -> bool:
@@ -716,7 +710,7 @@ def _import_locked(
             st.commit_into(root, staging, results, manifest)
     finally:
         st.discard(staging)  # gone already after a new store's rename
-    return _report(root, manifest, t0, n_workers, [s["path"] for s in keep])
+    return ImportReport.of(root, manifest, t0, n_workers, [s["path"] for s in keep])
 
 
 __all__ = [

@@ -92,7 +92,13 @@ def check_join(store: str | Path, me: dict[str, Any]) -> None:
         problem = join_problem(root, st.read_manifest(root, check_files=False)["sources"], me)
         if problem:
             raise XpuprofError(problem)
-    elif root.exists() and (root.is_file() or any(root.iterdir())):
+    else:
+        _refuse_other_content(root)
+
+
+def _refuse_other_content(root: Path) -> None:
+    """A path that is not a store must be absent or an empty folder to become one."""
+    if root.exists() and (root.is_file() or any(root.iterdir())):
         raise XpuprofError(f"{root}: exists and is not an xpuprof store; not writing into it")
 
 
@@ -130,10 +136,7 @@ def add_rank_part(
         if isinstance(e, OSError):
             raise StoreError(st.io_message(e, root)) from None
         raise
-    return ImportReport(store=str(root), noop=False, sources=manifest["sources"],
-                        rows=manifest["rows"], levels=manifest["levels"],
-                        events_read=manifest["events_read"],
-                        seconds=time.perf_counter() - t0, workers=1)  # fmt: skip
+    return ImportReport.of(root, manifest, t0, 1)
 
 
 def _commit(root: Path, staging: Path, entry: dict[str, Any], me: dict[str, Any]) -> dict:
@@ -141,8 +144,8 @@ def _commit(root: Path, staging: Path, entry: dict[str, Any], me: dict[str, Any]
     its part (or create the store with it); the new manifest."""
     st.clean_stale(root)
     old = st.read_manifest(root, check_files=False) if st.is_store(root) else None
-    if old is None and root.exists() and (root.is_file() or any(root.iterdir())):
-        raise XpuprofError(f"{root}: exists and is not an xpuprof store; not writing into it")
+    if old is None:
+        _refuse_other_content(root)
     sources = old["sources"] if old is not None else []
     problem = join_problem(root, sources, me)
     if problem:
