@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from builders import TraceBuilder
 
@@ -220,3 +221,30 @@ def test_a_trace_without_steps_says_its_step_is_the_whole_trace(tmp_path) -> Non
     assert res["steps"].step_ns.tolist() == [50_000]
     assert "no step spans" in res.present["summary"].title
     assert "whole trace" in res.present["steps"].title
+
+
+def test_overview_of_the_dlrm_job_as_rank_tasks_equals_one_process(dlrm_store, monkeypatch):
+    """The real 8-rank DLRM job with the Dask threshold lowered to 2 ranks: one task per
+    rank (breakdown, diagnosis, roofline share, op and kernel sums) gives the one-process
+    overview's every table, fact and note; its top kernel's total is the raw sum over the
+    8 ranks' stores (DuckDB, one query)."""
+    from xpuprof.analysis import per_rank
+
+    trace, _ = dlrm_store
+    with xpuprof.load(trace.path) as t:
+        here = overview(t)
+    monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 2)
+    with xpuprof.load(trace.path) as t:
+        there = overview(t)
+        k = there["top_kernels"].iloc[0]
+        name = str(k.kernel).replace("'", "''")
+        raw = t.sql(
+            "select count(*) as n, sum(dur) as ns from events "
+            f"where name = '{name}' and level = '{k.level}'"
+        ).iloc[0]
+    assert set(here.tables) == set(there.tables)
+    for name, table in here.tables.items():
+        pd.testing.assert_frame_equal(table, there.tables[name], check_dtype=False)
+    assert here.facts == there.facts and here.notes == there.notes
+    assert (k.calls, k.total_ms) == (raw.n, pytest.approx(raw.ns / 1e6, rel=1e-12))
+    assert there.facts["ranks"] == 8

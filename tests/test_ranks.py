@@ -179,6 +179,51 @@ def test_diagnosis_of_many_ranks_as_tasks_equals_one_process(tmp_path, monkeypat
     assert "comm_wait" in set(here.tables["summary"]["category"])  # the seeded waits counted
 
 
+def test_overview_of_many_ranks_as_tasks_equals_one_process(tmp_path, monkeypatch):
+    """From :data:`~xpuprof.analysis.per_rank.DASK_MIN_PARTS` ranks up the overview runs one
+    Dask task per rank (its step breakdown, diagnosis, roofline share and top sums); lowered
+    to 2 here, the 4-rank job's tables, facts and notes equal the one-process answer, and
+    the diagnosis it leaves for the advisor equals one made in one process."""
+    from xpuprof.analysis import per_rank
+    from xpuprof.analysis.diagnosis import diagnosis
+    from xpuprof.analysis.overview import overview
+
+    # and a CPU run of 3 ranks (no device events: their ops are their compute)
+    cpu = []
+    for r in range(3):
+        tb = TraceBuilder(rank=r, world_size=3)
+        for k in range(2):
+            tb.step(k, 100 * k, 100)
+            tb.op("aten::mm", 100 * k, 40 + 10 * r)
+        cpu.append(tb.write(tmp_path / f"cpu{r}.json"))
+    xpuprof.import_traces(cpu, tmp_path / "cpu.store")
+    stores = [_job(tmp_path, {(2, 1): 110}, {(1, 2): 80}), tmp_path / "cpu.store"]
+    got = []
+    for store in stores:
+        monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 32)
+        with xpuprof.load(store) as t:
+            here, here_dx = overview(t), diagnosis(t)
+        monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 2)
+        with xpuprof.load(store) as t:
+            there = overview(t)
+            assert ("analysis.diagnosis", None, "all", None, 5) in t.memo  # left by the tasks
+            there_dx = diagnosis(t)
+        for a, b in ((here, there), (here_dx, there_dx)):
+            assert set(a.tables) == set(b.tables)
+            for name, table in a.tables.items():
+                pd.testing.assert_frame_equal(table, b.tables[name], check_dtype=False)
+            assert a.facts == b.facts and a.notes == b.notes
+        got.append(there)
+    # the 4 ranks' prep ops: 10 µs each, 3 steps, but rank 2 step 1 110 µs: 12 calls, 220 µs
+    ops = got[0]["top_ops"].set_index("op")
+    assert ops.loc["prep", "calls"] == 12 and ops.loc["prep", "self_ms"] == pytest.approx(0.22)
+    # the CPU run: aten::mm is each rank's compute, 40/50/60 µs of its 100 µs steps
+    s = got[1]["summary"].set_index("rank")
+    assert got[1].facts["host_only"] and s["compute_fraction"].tolist() == pytest.approx(
+        [0.4, 0.5, 0.6]
+    )
+
+
 def test_a_trace_of_some_parts_reads_only_those(tmp_path):
     """``Trace(path, parts=[p])``: the events of part p only (counted with SQL on the whole
     store), its manifest's row totals recounted; an unknown part is a clear error."""

@@ -22,8 +22,10 @@ Time of a step the path does not cover (before its first node, after its last) i
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -93,11 +95,29 @@ def diagnosis(
     as a whole), ``bottleneck_ns_per_step``, ``bottleneck_share``, ``steps``, ``path``
     (``graph``, or ``device`` when no host work is linked to the device).
     """
-    mode, numbers = step_mode(steps)
-    key = ("analysis.diagnosis", None if ranks is None else tuple(sorted(int(r) for r in ranks)),
-           mode, None if numbers is None else tuple(numbers), int(top))  # fmt: skip
+    key = _memo_key(ranks, steps, top)
     if key not in trace.memo:
         trace.memo[key] = _diagnosis(trace, ranks, steps, top)
+    done = trace.memo[key]
+    return Result(tables=dict(done.tables), notes=list(done.notes), facts=dict(done.facts))
+
+
+def _memo_key(ranks: Iterable[int] | None, steps: StepSelection, top: int) -> tuple:
+    mode, numbers = step_mode(steps)
+    return ("analysis.diagnosis", None if ranks is None else tuple(sorted(int(r) for r in ranks)),
+            mode, None if numbers is None else tuple(numbers), int(top))  # fmt: skip
+
+
+def from_parts(trace: Trace, parts: list[int], got: dict[int, Any], *,
+               ranks: Iterable[int] | None = None, steps: StepSelection = None,
+               top: int = 5) -> Result:  # fmt: skip
+    """The diagnosis made of :func:`part_diagnosis` answers that another tool's per-rank
+    tasks computed (``got``: part → answer; the overview runs both in one task per rank, so
+    a rank is opened once), memoised as :func:`diagnosis` itself would be."""
+    key = _memo_key(ranks, steps, top)
+    if key not in trace.memo:
+        res = Result(facts={"steps": 0})
+        trace.memo[key] = _result(trace, res, *_joined(parts, got))
     done = trace.memo[key]
     return Result(tables=dict(done.tables), notes=list(done.notes), facts=dict(done.facts))
 
@@ -139,6 +159,12 @@ def _diagnosis(trace: Trace, ranks, steps: StepSelection, top: int) -> Result:
         per_step, events, notes = _on_ranks(trace, parts, steps, top)
     else:
         per_step, events, notes = _of_parts(trace, parts, steps, top)
+    return _result(trace, res, per_step, events, notes)
+
+
+def _result(trace: Trace, res: Result, per_step: pd.DataFrame | None, events: pd.DataFrame,
+            notes: list[str]) -> Result:  # fmt: skip
+    """The diagnosis' tables and facts from its per-step table and events (all parts)."""
     res.notes += notes
     if per_step is None:
         res.notes.append("no steps selected and no events: nothing to diagnose")
@@ -188,6 +214,13 @@ def _on_ranks(trace: Trace, parts: list[int], steps: StepSelection,
     seeds = wait_seeds(trace, parts)
     got = map_parts(trace, "xpuprof.analysis.diagnosis:part_diagnosis", parts, seeds=seeds,
                     kwargs={"steps": steps, "top": top})  # fmt: skip
+    return _joined(parts, got)
+
+
+def _joined(parts: list[int], got: dict[int, Any]
+            ) -> tuple[pd.DataFrame | None, pd.DataFrame, list[str]]:  # fmt: skip
+    """The per-part answers of :func:`part_diagnosis` as one answer (every table is per
+    part: concatenated; notes once each)."""
     notes: list[str] = []
     rows, evs = [], []
     for p in parts:
@@ -427,8 +460,30 @@ def device_label(trace: Trace, part: int, device: int) -> str:
 
 
 def _facts(trace: Trace, tables: dict) -> dict:
+    part, device, why = judged(tables["steps"])
+    with _judged_trace(trace, part) as one:
+        return _facts_of(one, tables, part, device, why)
+
+
+@contextmanager
+def _judged_trace(trace: Trace, part: int) -> Iterator[Trace]:
+    """The trace the judged part's path and headline are read from: in a job of many ranks
+    (:data:`~xpuprof.analysis.per_rank.DASK_MIN_PARTS`, whose paths were per-rank tasks) that
+    part opened alone, seeded with its collectives' waits as a task is, so this process never
+    reads every rank's rows for one sentence; else ``trace`` itself."""
+    from xpuprof.analysis.per_rank import DASK_MIN_PARTS, TASK_DUCKDB, wait_seeds
+    from xpuprof.trace.trace import Trace as Opened
+
+    if len(trace.sources) < DASK_MIN_PARTS:
+        yield trace
+        return
+    with Opened(trace.path, parts=[part], duckdb_config=dict(TASK_DUCKDB)) as one:
+        one.memo.update(wait_seeds(trace, [part])[part])
+        yield one
+
+
+def _facts_of(trace: Trace, tables: dict, part: int, device: int, why: str) -> dict:
     per_step, summary, events = tables["steps"], tables["summary"], tables["events"]
-    part, device, why = judged(per_step)
     s = summary[(summary.part == part) & (summary.device == device)
                 & summary.category.isin(BOTTLENECKS)]  # fmt: skip
     # the judged part's path (computed again here when the ranks were tasks: one rank)

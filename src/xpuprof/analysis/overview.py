@@ -112,27 +112,29 @@ def overview(
     if absent:
         res.notes.append(absent)
     w = where_clause(ranks, steps)
-    step_rows = trace.sql(
-        "select rank, device, step, ts, dur from events where level = 'step' and "
-        f"{w} order by rank, device, ts"
-    )
-    if step_rows.empty:
+    step_rows, whole = _step_rows(trace, w)
+    if whole:
         res.notes.append(
             "no step spans (ProfilerStep#N or xpuprof.step): the whole trace is taken as one "
             "step per rank"
         )
-        span = trace.sql(
-            f"select rank, min(ts) as ts, max(ts + coalesce(dur, 0)) - min(ts) as dur "
-            f"from events where {w} group by rank"
-        )
-        span["step"] = pd.array([pd.NA] * len(span), dtype="Int64")  # no step: shown as "-"
-        span["device"] = -1
-        step_rows = span[["rank", "device", "step", "ts", "dur"]]
-        if step_rows.empty:
-            res.notes.append("no events selected: nothing to summarise")
-            res.facts = {"ranks": 0, "steps": 0, "host_only": False}
-            return res
-    per_step, host_only = _per_step(trace, w, step_rows)
+    if step_rows.empty:
+        res.notes.append("no events selected: nothing to summarise")
+        res.facts = {"ranks": 0, "steps": 0, "host_only": False}
+        return res
+    from xpuprof.analysis.per_rank import on_dask, selected_parts
+
+    parts = selected_parts(trace, ranks)
+    if on_dask(len(parts)):
+        per_step, host_only, dx, shares, sums = _on_ranks(trace, parts, ranks, steps)
+    else:
+        per_step, host_only = _per_step(trace, w, step_rows)
+        dx = _diagnosis(trace, ranks, steps)
+        # the roofline tells memory- from compute-bound device work: needed (and paid for)
+        # only on ranks whose critical path is mostly device compute
+        computing = [k for k, v in _bottlenecks(dx).items() if v == "compute" and k is not None]
+        shares = _memory_shares(trace, computing, steps) if computing and not host_only else {}
+        sums = _top_sums(trace, ranks, steps)
     if host_only:
         n = trace.sql(
             "select count(*) filter (where level = 'op') as ops, count(*) filter "
@@ -144,11 +146,6 @@ def overview(
             "are its compute" if n.layers else "no framework ops or layer spans recorded "
             "(capture level step): its compute cannot be told from the rest"))  # fmt: skip
     res.tables["steps"] = per_step
-    dx = _diagnosis(trace, ranks, steps)
-    # the roofline tells memory- from compute-bound device work: needed (and paid for) only
-    # on ranks whose critical path is mostly device compute
-    computing = [k for k, v in _bottlenecks(dx).items() if v == "compute" and k is not None]
-    shares = _memory_shares(trace, computing, steps) if computing and not host_only else {}
     summary = _summary(per_step, host_only, shares, dx)
     res.tables["summary"] = summary
     if "device" in summary:  # one column per device: name them by it, not by their one rank
@@ -158,7 +155,7 @@ def overview(
         res.present["summary"] = Presentation(layout="transpose", label="rank", all_rows=True,
                                               title=whole)  # fmt: skip
         res.present["steps"] = Presentation(title="the whole trace of each rank, as one step")
-    res.tables["top_ops"], res.tables["top_kernels"] = _top(trace, ranks, steps, top)
+    res.tables["top_ops"], res.tables["top_kernels"] = _top(*sums, top)
     res.facts = {"ranks": len(summary), "steps": 0, "host_only": False}
     if len(summary):
         res.facts["steps"] = int(summary["steps"].sum())
@@ -168,6 +165,70 @@ def overview(
     if dx is not None and dx.facts.get("headline"):
         res.facts["headline"] = dx.facts["headline"]
     return res
+
+
+def _step_rows(trace: Trace, w: str) -> tuple[pd.DataFrame, bool]:
+    """The step windows summarised (``rank``, ``device``, ``step``, ``ts``, ``dur``) of the
+    events ``w`` selects; without any step span, each rank's whole trace as its one step
+    (then True)."""
+    step_rows = trace.sql(
+        "select rank, device, step, ts, dur from events where level = 'step' and "
+        f"{w} order by rank, device, ts"
+    )
+    if not step_rows.empty:
+        return step_rows, False
+    span = trace.sql(
+        f"select rank, min(ts) as ts, max(ts + coalesce(dur, 0)) - min(ts) as dur "
+        f"from events where {w} group by rank"
+    )
+    span["step"] = pd.array([pd.NA] * len(span), dtype="Int64")  # no step: shown as "-"
+    span["device"] = -1
+    return span[["rank", "device", "step", "ts", "dur"]], True
+
+
+def _on_ranks(
+    trace: Trace, parts: list[int], ranks: Iterable[int] | None, steps: StepSelection
+) -> tuple[pd.DataFrame, set[int], Result | None, dict[int | None, float], tuple]:
+    """The overview's per-rank work as Dask tasks, one rank each
+    (:mod:`xpuprof.analysis.per_rank`): each task opens its rank alone and returns its step
+    breakdown, its diagnosis (:func:`~xpuprof.analysis.diagnosis.part_diagnosis`), its
+    memory-bound share and its ops' and kernels' sums by name; they are joined here, and the
+    diagnosis made of them is memoised for the tools that ask for it next (advise)."""
+    from xpuprof.analysis.diagnosis import from_parts
+    from xpuprof.analysis.per_rank import map_parts, wait_seeds
+
+    got = map_parts(trace, "xpuprof.analysis.overview:part_overview", parts,
+                    seeds=wait_seeds(trace, parts), kwargs={"steps": steps})  # fmt: skip
+    dx = from_parts(trace, parts, {p: got[p]["diagnosis"] for p in parts}, ranks=ranks,
+                    steps=steps)  # fmt: skip
+    frames = [got[p]["steps"] for p in parts if len(got[p]["steps"])]
+    per_step = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    host_only = {k for p in parts for k in got[p]["host_only"]}
+    shares = {k: v for p in parts for k, v in got[p]["shares"].items()}
+    ops = pd.concat([got[p]["sums"][0] for p in parts], ignore_index=True)
+    kernels = pd.concat([got[p]["sums"][1] for p in parts], ignore_index=True)
+    return per_step, host_only, dx, shares, (ops, kernels)
+
+
+def part_overview(trace: Trace, steps: StepSelection = None) -> dict[str, object]:
+    """The overview's per-rank work on a Trace of one part (a task of :func:`_on_ranks`):
+    ``steps`` (the breakdown per step), ``host_only``, ``diagnosis`` (its
+    :func:`~xpuprof.analysis.diagnosis.part_diagnosis`), ``shares`` (memory-bound share,
+    where the path is mostly device compute) and ``sums`` (:func:`_top_sums`)."""
+    from xpuprof.analysis.diagnosis import _summary as path_summary
+    from xpuprof.analysis.diagnosis import part_diagnosis
+
+    w = where_clause(None, steps)
+    step_rows, _ = _step_rows(trace, w)
+    per_step, host_only = (pd.DataFrame(), set()) if step_rows.empty else (
+        _per_step(trace, w, step_rows))  # fmt: skip
+    mine = part_diagnosis(trace, steps)
+    # this rank's bottleneck, as the joined diagnosis will name it (its summary is per part)
+    dx = Result(tables={} if mine[0] is None else {"summary": path_summary(mine[0])})
+    computing = [k for k, v in _bottlenecks(dx).items() if v == "compute" and k is not None]
+    shares = _memory_shares(trace, None, steps) if computing and not host_only else {}
+    return {"steps": per_step, "host_only": host_only, "diagnosis": mine, "shares": shares,
+            "sums": _top_sums(trace, None, steps)}  # fmt: skip
 
 
 def _diagnosis(trace: Trace, ranks: Iterable[int] | None, steps: StepSelection) -> Result | None:
@@ -356,26 +417,47 @@ def _bottlenecks(dx: Result | None) -> dict[int | None, str]:
     return out
 
 
-def _top(
-    trace: Trace, ranks: Iterable[int] | None, steps: StepSelection, top: int
+def _top_sums(
+    trace: Trace, ranks: Iterable[int] | None, steps: StepSelection
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The ``top`` framework ops by self time and device kernels by total time."""
+    """Per framework-op name, calls and total and self ns; per device-work name and level,
+    calls and total ns (and the durations' count): sums that add up across ranks, so ranks
+    analysed apart give the same top lists as one query over all."""
     we = where_clause(ranks, steps, alias="e")
     ops = trace.sql(
         "with c as (select parent, sum(dur) as d from events where parent is not null "
         "group by parent) "
-        "select e.name as op, count(*) as calls, sum(e.dur) / 1e6 as total_ms, "
-        "sum(e.dur - coalesce(c.d, 0)) / 1e6 as self_ms from events e "
-        f"left join c on c.parent = e.id where e.level = 'op' and {we} "
-        f"group by e.name order by self_ms desc, op limit {int(top)}"
+        "select e.name as op, count(*) as calls, sum(e.dur) as total_ns, "
+        "sum(e.dur - coalesce(c.d, 0)) as self_ns from events e "
+        f"left join c on c.parent = e.id where e.level = 'op' and {we} group by e.name"
     )
     kernels = trace.sql(
-        "select name as kernel, level, count(*) as calls, sum(dur) / 1e6 as total_ms, "
-        "avg(dur) / 1e3 as mean_us from events where level in "
+        "select name as kernel, level, count(*) as calls, sum(dur) as total_ns, "
+        "count(dur) as timed from events where level in "
         f"('kernel', 'collective', 'memcpy', 'memset') and {where_clause(ranks, steps)} "
-        f"group by name, level order by total_ms desc, kernel, level limit {int(top)}"
+        "group by name, level"
     )
     return ops, kernels
+
+
+def _top(ops: pd.DataFrame, kernels: pd.DataFrame, top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ``top`` framework ops by self time and device kernels by total time, from
+    :func:`_top_sums` (of one or many ranks)."""
+    ops = ops.groupby("op", as_index=False, dropna=False).sum(min_count=1)
+    ops["total_ms"] = ops["total_ns"] / 1e6
+    ops["self_ms"] = ops["self_ns"] / 1e6
+    ops = ops.sort_values(["self_ms", "op"], ascending=[False, True], na_position="last")
+    k = kernels.groupby(["kernel", "level"], as_index=False, dropna=False).sum(min_count=1)
+    k["total_ms"] = k["total_ns"] / 1e6
+    k["mean_us"] = k["total_ns"] / k["timed"].where(k["timed"] > 0) / 1e3
+    k = k.sort_values(["total_ms", "kernel", "level"], ascending=[False, True, True],
+                      na_position="last")  # fmt: skip
+    return (
+        ops.head(int(top))[["op", "calls", "total_ms", "self_ms"]].reset_index(drop=True),
+        k.head(int(top))[["kernel", "level", "calls", "total_ms", "mean_us"]].reset_index(
+            drop=True
+        ),
+    )
 
 
 def _memory_shares(

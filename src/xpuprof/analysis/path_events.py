@@ -13,6 +13,7 @@ import pyarrow as pa
 
 if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
+    from xpuprof.trace.tree import EventTree
 
 __all__ = ["describe", "name_codes", "names_of"]
 
@@ -60,7 +61,7 @@ def describe(trace: Trace, ids: np.ndarray) -> pd.DataFrame:
     nearest ``python`` frame, the device ``copy`` it issued (same correlation), and ``what`` it
     is in words (``a device-to-host copy (pageable)``, ``a stream synchronize``…)."""
     ids = np.asarray(ids, np.int64)
-    t = trace.tree(host_only=True)
+    t = _host_tree(trace, ids)
     rows = t.rows_of(ids)
     ok = rows >= 0
     out = pd.DataFrame({"id": ids, "name": names_of(trace, ids)})
@@ -74,6 +75,22 @@ def describe(trace: Trace, ids: np.ndarray) -> pd.DataFrame:
     out["copy"] = _copies(trace, ids)
     out["what"] = [_what(str(n), c) for n, c in zip(out["name"], out["copy"], strict=True)]
     return out
+
+
+def _host_tree(trace: Trace, ids: np.ndarray) -> EventTree:
+    """The host tree :func:`describe` reads: the whole store's where it is built already or
+    the store has few ranks; else the tree of the ranks of ``ids`` alone (a headline of a
+    job of hundreds of ranks describes one rank's events: one rank's tree, not the job's)."""
+    from xpuprof.analysis.per_rank import DASK_MIN_PARTS
+    from xpuprof.core.names import ID_SHIFT
+
+    if ("tree", None, True) in trace.memo or len(trace.sources) < DASK_MIN_PARTS:
+        return trace.tree(host_only=True)
+    rank_of = {int(s["part"]): s.get("rank") for s in trace.sources}
+    ranks = {rank_of.get(int(p)) for p in np.unique(ids >> ID_SHIFT)}
+    if None in ranks:
+        return trace.tree(host_only=True)
+    return trace.tree(sorted(ranks), host_only=True)
 
 
 def _copies(trace: Trace, ids: np.ndarray) -> list[str | None]:
