@@ -188,7 +188,8 @@ def test_overview_of_many_ranks_as_tasks_equals_one_process(tmp_path, monkeypatc
     from xpuprof.analysis.diagnosis import diagnosis
     from xpuprof.analysis.overview import overview
 
-    # and a CPU run of 3 ranks (no device events: their ops are their compute)
+    # the 4-rank job of these tests, and a CPU run of 3 ranks (no device events: their ops
+    # are their compute)
     cpu = []
     for r in range(3):
         tb = TraceBuilder(rank=r, world_size=3)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from xpuprof.advise.findings import Context, Finding, per_step
-from xpuprof.analysis.diagnosis import fmt_ns, short_name
+from xpuprof.analysis.diagnosis import fmt_ns
+from xpuprof.core.text import short_name
 
 
 def device_bound(ctx: Context) -> list[Finding]:

@@ -108,7 +108,7 @@ class Context:
         """``, TPU 1`` where one of a rank's several devices is judged, else nothing."""
         if self.device < 0 or self.devices < 2:
             return ""
-        from xpuprof.analysis.diagnosis import device_label
+        from xpuprof.analysis.headline import device_label
 
         return f", {device_label(self.trace, self.part, self.device)}"
 
@@ -144,10 +144,10 @@ class Context:
         return e[e.name != "(no event)"].head(n)
 
     def top_names(self, category: str, n: int = 3) -> pd.DataFrame:
-        """As :meth:`top`, device work grouped by kernel family (``diagnosis.top_names``:
+        """As :meth:`top`, device work grouped by kernel family (``headline.top_names``:
         template arguments and XLA instance numbers dropped): ``name``, ``per_step_ns``,
         ``ids``."""
-        from xpuprof.analysis.diagnosis import top_names
+        from xpuprof.analysis.headline import top_names
 
         return top_names(self.trace, self.events, self.part, self.device, category).head(n)
 

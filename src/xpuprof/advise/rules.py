@@ -89,7 +89,8 @@ def advise(
     Facts: ``recommendations`` (how many), ``saved_fraction`` (the largest bound, of the mean
     step; 0 without recommendations), ``headline`` and the ``bottleneck*`` facts (the
     diagnosis')."""
-    from xpuprof.analysis.diagnosis import diagnosis, judged
+    from xpuprof.analysis.diagnosis import diagnosis
+    from xpuprof.analysis.headline import judged
     from xpuprof.analysis.platform import platform_of
 
     ranks = None if ranks is None else [int(r) for r in ranks]

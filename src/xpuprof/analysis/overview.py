@@ -215,8 +215,7 @@ def part_overview(trace: Trace, steps: StepSelection = None) -> dict[str, object
     ``steps`` (the breakdown per step), ``host_only``, ``diagnosis`` (its
     :func:`~xpuprof.analysis.diagnosis.part_diagnosis`), ``shares`` (memory-bound share,
     where the path is mostly device compute) and ``sums`` (:func:`_top_sums`)."""
-    from xpuprof.analysis.diagnosis import _summary as path_summary
-    from xpuprof.analysis.diagnosis import part_diagnosis
+    from xpuprof.analysis.diagnosis import part_diagnosis, path_summary
 
     w = where_clause(None, steps)
     step_rows, _ = _step_rows(trace, w)
