@@ -78,12 +78,15 @@ def log(msg: str) -> None:
 # ------------------------------------------------------------------------------ measurement
 
 
-def measure(cmd: list[str], *, timeout: float, env: dict | None = None,
-            interval: float = 0.02) -> dict[str, Any]:
+def measure(
+    cmd: list[str], *, timeout: float, env: dict | None = None, interval: float = 0.02
+) -> dict[str, Any]:
     """Run `cmd`; return wall time, peak RSS of the process tree, exit code and output.
 
     Also returns `other_cpu_s`: CPU seconds the rest of the machine used meanwhile (system busy
-    time minus the tree's own), because on a 2-core machine one busy neighbour halves a result.
+    time minus the tree's own), because on a 2-core machine one busy neighbour halves a result;
+    and `procs`: per process of the tree its parent, command line, peak RSS and last CPU
+    seconds (`pid` is the root's), for benchmarks that tell workers apart.
     """
     with tempfile.TemporaryFile() as out:
         busy0 = _busy()
@@ -91,6 +94,7 @@ def measure(cmd: list[str], *, timeout: float, env: dict | None = None,
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         peak = {"tree": 0, "parent": 0, "procs": 1, "pss": 0}
+        per: dict[int, dict[str, Any]] = {}
         done = threading.Event()
 
         def sample() -> None:
@@ -115,8 +119,14 @@ def measure(cmd: list[str], *, timeout: float, env: dict | None = None,
                         # PSS splits pages shared after fork between the processes that share
                         # them, where summed RSS counts them once per process
                         mem = q.memory_full_info() if want_pss else q.memory_info()
+                        cpu = q.cpu_times()
+                        if q.pid not in per:
+                            per[q.pid] = {"ppid": q.ppid(), "cmd": " ".join(q.cmdline())[:200],
+                                          "peak": 0}  # fmt: skip
                     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                         continue
+                    per[q.pid]["peak"] = max(per[q.pid]["peak"], mem.rss)
+                    per[q.pid]["cpu"] = cpu.user + cpu.system
                     total += mem.rss
                     total_pss += getattr(mem, "pss", 0)
                     if q.pid == p.pid:
@@ -144,11 +154,20 @@ def measure(cmd: list[str], *, timeout: float, env: dict | None = None,
         th.join()
         out.seek(0)
         text = out.read().decode(errors="replace")
-    return {"wall_s": wall, "load": os.getloadavg()[0], "peak_rss": peak["tree"],
-            "peak_rss_parent": peak["parent"],
-            "peak_pss": peak["pss"],
-            "max_procs": peak["procs"], "rc": rc, "output": text, "cpu_s": tree_cpu,
-            "other_cpu_s": other}
+    return {
+        "wall_s": wall,
+        "load": os.getloadavg()[0],
+        "peak_rss": peak["tree"],
+        "peak_rss_parent": peak["parent"],
+        "peak_pss": peak["pss"],
+        "max_procs": peak["procs"],
+        "rc": rc,
+        "output": text,
+        "cpu_s": tree_cpu,
+        "other_cpu_s": other,
+        "pid": p.pid,
+        "procs": per,
+    }
 
 
 def _busy() -> float:
@@ -168,8 +187,15 @@ def contention(r: dict[str, Any]) -> str:
     return f"  WARNING: other processes used {share:.0%} of the CPUs" if share > 0.10 else ""
 
 
-def measure_clean(make_cmd: Callable[[int], list[str]], *, label: str, retries: int,
-                  wait: float, timeout: float, env: dict | None = None) -> dict[str, Any]:
+def measure_clean(
+    make_cmd: Callable[[int], list[str]],
+    *,
+    label: str,
+    retries: int,
+    wait: float,
+    timeout: float,
+    env: dict | None = None,
+) -> dict[str, Any]:
     """`measure`, repeated up to `retries` times while other processes disturbed it; the
     least disturbed attempt is kept (a failed run is returned at once). `make_cmd(attempt)`
     builds each attempt's command, so that every attempt can write to a fresh store."""
@@ -205,15 +231,21 @@ def wait_idle(limit: float, threshold: float = 10.0) -> None:
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     walls = [r["wall_s"] for r in runs]
     rss = [r["peak_rss"] for r in runs]
-    return {"runs": len(runs), "wall_s_median": statistics.median(walls), "wall_s_min": min(walls),
-            "wall_s_max": max(walls), "wall_s_all": [round(w, 3) for w in walls],
-            "peak_rss_median": int(statistics.median(rss)), "peak_rss_max": max(rss),
-            "peak_rss_parent_median": int(statistics.median(r["peak_rss_parent"] for r in runs)),
-            "peak_pss_median": int(statistics.median(r["peak_pss"] for r in runs)),
-            "max_procs": max(r["max_procs"] for r in runs),
-            "cpu_s_median": statistics.median(r["cpu_s"] for r in runs),
-            "load_all": [round(r["load"], 2) for r in runs],
-            "other_cpu_s_all": [round(r["other_cpu_s"], 1) for r in runs]}
+    return {
+        "runs": len(runs),
+        "wall_s_median": statistics.median(walls),
+        "wall_s_min": min(walls),
+        "wall_s_max": max(walls),
+        "wall_s_all": [round(w, 3) for w in walls],
+        "peak_rss_median": int(statistics.median(rss)),
+        "peak_rss_max": max(rss),
+        "peak_rss_parent_median": int(statistics.median(r["peak_rss_parent"] for r in runs)),
+        "peak_pss_median": int(statistics.median(r["peak_pss"] for r in runs)),
+        "max_procs": max(r["max_procs"] for r in runs),
+        "cpu_s_median": statistics.median(r["cpu_s"] for r in runs),
+        "load_all": [round(r["load"], 2) for r in runs],
+        "other_cpu_s_all": [round(r["other_cpu_s"], 1) for r in runs],
+    }
 
 
 # ------------------------------------------------------------------------------ inputs & tools
@@ -223,26 +255,38 @@ def ensure_dataset(data: Path, name: str, **params: Any) -> dict[str, Any]:
     """Generate the trace set once; reuse it while its sidecar manifest matches `params`."""
     outdir = data / name
     man_path = Path(str(outdir) + ".gen.json")
-    want = {"ranks": params.get("ranks", 8), "events": params.get("events", 1_600_000),
-            "single_file_mb": params.get("single_file_mb"), "gzip": False,
-            "seed": params.get("seed", 0), "orphan_flows": True, "ts_origin": "epoch"}
+    want = {
+        "ranks": params.get("ranks", 8),
+        "events": params.get("events", 1_600_000),
+        "single_file_mb": params.get("single_file_mb"),
+        "gzip": False,
+        "seed": params.get("seed", 0),
+        "orphan_flows": True,
+        "ts_origin": "epoch",
+    }
     if man_path.exists():
         man = json.loads(man_path.read_text())
         ok = man.get("params") == want and all(
             Path(f["path"]).exists() and Path(f["path"]).stat().st_size == f["file_bytes"]
-            for f in man["files"])
+            for f in man["files"]
+        )
         names = {p.name for p in outdir.iterdir()} if outdir.is_dir() else set()
         if ok and names == {Path(f["path"]).name for f in man["files"]}:
-            log(f"using cached {outdir} ({man['total_events']:,} events, "
-                f"{man['total_file_bytes'] / 1e6:,.0f} MB)")
+            log(
+                f"using cached {outdir} ({man['total_events']:,} events, "
+                f"{man['total_file_bytes'] / 1e6:,.0f} MB)"
+            )
             return man
     if outdir.exists():
         shutil.rmtree(outdir)
     log(f"generating {outdir} ...")
-    man = gen_kineto.generate(outdir, want["ranks"], want["events"], want["single_file_mb"],
-                              seed=want["seed"])
-    log(f"  {man['total_events']:,} events, {man['total_file_bytes'] / 1e6:,.0f} MB "
-        f"in {man['seconds']} s")
+    man = gen_kineto.generate(
+        outdir, want["ranks"], want["events"], want["single_file_mb"], seed=want["seed"]
+    )
+    log(
+        f"  {man['total_events']:,} events, {man['total_file_bytes'] / 1e6:,.0f} MB "
+        f"in {man['seconds']} s"
+    )
     return man
 
 
@@ -256,18 +300,26 @@ def hta_python(arg: str | None, data: Path) -> str:
         if not Path(py).exists():
             log(f"creating {venv} (pip install {' '.join(HTA_REQS)}) ...")
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            subprocess.run([py, "-m", "pip", "install", "-q", *HTA_REQS], check=True,
-                           stdout=sys.stderr)
+            subprocess.run(
+                [py, "-m", "pip", "install", "-q", *HTA_REQS], check=True, stdout=sys.stderr
+            )
     probe = subprocess.run(
-        [py, "-c", "import importlib.metadata as m, pandas, hta, psutil; "
-         "print(m.version('holistictraceanalysis'), pandas.__version__)"],
-        capture_output=True, text=True)
+        [
+            py,
+            "-c",
+            "import importlib.metadata as m, pandas, hta, psutil; "
+            "print(m.version('holistictraceanalysis'), pandas.__version__)",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
         sys.exit(f"error: {py} cannot import hta/pandas/psutil:\n{probe.stderr.strip()}")
     hta_v, pd_v = probe.stdout.split()
     if hta_v != "0.5.0" or int(pd_v.split(".")[0]) >= 3:
-        sys.exit(f"error: {py} has holistictraceanalysis {hta_v}, pandas {pd_v}; "
-                 "need 0.5.0 and pandas<3")
+        sys.exit(
+            f"error: {py} has holistictraceanalysis {hta_v}, pandas {pd_v}; need 0.5.0 and pandas<3"
+        )
     return py
 
 
@@ -281,13 +333,15 @@ def xpuprof_cmd(arg: str | None) -> list[str]:
 def xpuprof_missing(cmd: list[str]) -> str | None:
     """None when `cmd import --help` works, else why it does not."""
     try:
-        r = subprocess.run([*cmd, "import", "--help"], capture_output=True, text=True,
-                           timeout=120)
+        r = subprocess.run([*cmd, "import", "--help"], capture_output=True, text=True, timeout=120)
     except OSError as e:
         return str(e)
     if r.returncode != 0:
-        return (r.stderr or r.stdout).strip().splitlines()[-1] if (r.stderr or r.stdout) else (
-            f"exit code {r.returncode}")
+        return (
+            (r.stderr or r.stdout).strip().splitlines()[-1]
+            if (r.stderr or r.stdout)
+            else (f"exit code {r.returncode}")
+        )
     return None
 
 
@@ -300,11 +354,15 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": model, "cores_logical": os.cpu_count(),
-            "cores_physical": psutil.cpu_count(logical=False),
-            "ram_bytes": psutil.virtual_memory().total, "python": platform.python_version(),
-            "platform": platform.platform(),
-            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    return {
+        "cpu": model,
+        "cores_logical": os.cpu_count(),
+        "cores_physical": psutil.cpu_count(logical=False),
+        "ram_bytes": psutil.virtual_memory().total,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
 
 
 def warm_cache(paths: list[str]) -> None:
@@ -348,27 +406,34 @@ def render(res: dict[str, Any]) -> str:
             f"{gb(s['peak_rss_median'])} | {gb(s['peak_pss_median'])} | "
             f"{gb(s['peak_rss_parent_median'])} | {s['max_procs']} | "
             f"{d['events'] / w:,.0f} | {d['mb'] / w:,.1f} | {s['cpu_s_median']:.1f} | "
-            f"{', '.join(f'{x:.1f}' for x in s['other_cpu_s_all'])} |")
+            f"{', '.join(f'{x:.1f}' for x in s['other_cpu_s_all'])} |"
+        )
     if res.get("info"):
-        lines.append(f"| xpuprof info | {res['info']['wall_s_median']:.2f} s | "
-                     f"{res['info']['wall_s_min']:.2f}–{res['info']['wall_s_max']:.2f} s | "
-                     f"{gb(res['info']['peak_rss_median'])} | | | | | | | |")
+        lines.append(
+            f"| xpuprof info | {res['info']['wall_s_median']:.2f} s | "
+            f"{res['info']['wall_s_min']:.2f}–{res['info']['wall_s_max']:.2f} s | "
+            f"{gb(res['info']['peak_rss_median'])} | | | | | | | |"
+        )
     if res.get("big"):
         b = res["big"]
-        lines.append(f"| xpuprof import, 1 file {b['mb']:,.0f} MB | {b['wall_s_median']:.2f} s | "
-                     f"| {gb(b['peak_rss_median'])} | {gb(b['peak_pss_median'])} | "
-                     f"{gb(b['peak_rss_parent_median'])} | "
-                     f"{b['max_procs']} | {b['events'] / b['wall_s_median']:,.0f} | "
-                     f"{b['mb'] / b['wall_s_median']:,.1f} | {b['cpu_s_median']:.1f} | "
-                     f"{b['other_cpu_s_all'][0]:.1f} |")
+        lines.append(
+            f"| xpuprof import, 1 file {b['mb']:,.0f} MB | {b['wall_s_median']:.2f} s | "
+            f"| {gb(b['peak_rss_median'])} | {gb(b['peak_pss_median'])} | "
+            f"{gb(b['peak_rss_parent_median'])} | "
+            f"{b['max_procs']} | {b['events'] / b['wall_s_median']:,.0f} | "
+            f"{b['mb'] / b['wall_s_median']:,.1f} | {b['cpu_s_median']:.1f} | "
+            f"{b['other_cpu_s_all'][0]:.1f} |"
+        )
     for w, b in (res.get("big_by_workers") or {}).items():
-        lines.append(f"| xpuprof import, 1 file {b['mb']:,.0f} MB, --workers {w} | "
-                     f"{b['wall_s_median']:.2f} s | {b['wall_s_min']:.2f}–{b['wall_s_max']:.2f} s "
-                     f"| {gb(b['peak_rss_median'])} | {gb(b['peak_pss_median'])} | "
-                     f"{gb(b['peak_rss_parent_median'])} | {b['max_procs']} | "
-                     f"{b['events'] / b['wall_s_median']:,.0f} | "
-                     f"{b['mb'] / b['wall_s_median']:,.1f} | {b['cpu_s_median']:.1f} | "
-                     f"{', '.join(f'{x:.1f}' for x in b['other_cpu_s_all'])} |")
+        lines.append(
+            f"| xpuprof import, 1 file {b['mb']:,.0f} MB, --workers {w} | "
+            f"{b['wall_s_median']:.2f} s | {b['wall_s_min']:.2f}–{b['wall_s_max']:.2f} s "
+            f"| {gb(b['peak_rss_median'])} | {gb(b['peak_pss_median'])} | "
+            f"{gb(b['peak_rss_parent_median'])} | {b['max_procs']} | "
+            f"{b['events'] / b['wall_s_median']:,.0f} | "
+            f"{b['mb'] / b['wall_s_median']:,.1f} | {b['cpu_s_median']:.1f} | "
+            f"{', '.join(f'{x:.1f}' for x in b['other_cpu_s_all'])} |"
+        )
     for key in ("xpuprof", "hta"):
         if res.get(key):
             lines.append(f"\n{key}: load average (1 min) after each run: {res[key]['load_all']}")
@@ -381,22 +446,40 @@ def render(res: dict[str, Any]) -> str:
         v = "—" if val is None else format(val, fmt)
         lines.append(f"| {name} | {v} | {'—' if ok is None else ('yes' if ok else 'NO')} |")
 
-    row("HTA time / xpuprof time ≥ 15", r["speedup"], ".1f",
-        None if r["speedup"] is None else r["speedup"] >= 15)
-    row("xpuprof RSS / HTA RSS ≤ 0.5", r["rss_ratio"], ".2f",
-        None if r["rss_ratio"] is None else r["rss_ratio"] <= 0.5)
-    row("(same, proportional set size: shared pages counted once)", r.get("pss_ratio"), ".2f",
-        None)
+    row(
+        "HTA time / xpuprof time ≥ 15",
+        r["speedup"],
+        ".1f",
+        None if r["speedup"] is None else r["speedup"] >= 15,
+    )
+    row(
+        "xpuprof RSS / HTA RSS ≤ 0.5",
+        r["rss_ratio"],
+        ".2f",
+        None if r["rss_ratio"] is None else r["rss_ratio"] <= 0.5,
+    )
+    row("(same, proportional set size: shared pages counted once)", r.get("pss_ratio"), ".2f", None)
     info = res.get("info")
-    row("xpuprof info < 1 s", info and info["wall_s_median"], ".2f",
-        None if not info else info["wall_s_median"] < 1)
+    row(
+        "xpuprof info < 1 s",
+        info and info["wall_s_median"],
+        ".2f",
+        None if not info else info["wall_s_median"] < 1,
+    )
     big = res.get("big")
-    row("2 GB file peak RSS ≤ 4 GB (GB)", big and big["peak_rss_median"] / 1e9, ".2f",
-        None if not big else big["peak_rss_median"] <= 4e9)
+    row(
+        "2 GB file peak RSS ≤ 4 GB (GB)",
+        big and big["peak_rss_median"] / 1e9,
+        ".2f",
+        None if not big else big["peak_rss_median"] <= 4e9,
+    )
     if res.get("hta_kept"):
         k = res["hta_kept"]
-        lines += ["", f"HTA kept {k['rows']:,} of {d['events']:,} events "
-                  f"(iterations kept: {k['iterations']}); by category (generated → kept):"]
+        lines += [
+            "",
+            f"HTA kept {k['rows']:,} of {d['events']:,} events "
+            f"(iterations kept: {k['iterations']}); by category (generated → kept):",
+        ]
         for cat, n in sorted(d["by_cat"].items(), key=lambda kv: -kv[1]):
             lines.append(f"- {cat}: {n:,} → {k['kept_by_cat'].get(cat, 0):,}")
     return "\n".join(lines)
@@ -408,32 +491,58 @@ def render(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3, help="runs per tool (median reported)")
-    ap.add_argument("--data", type=Path, default=ROOT / "bench-data",
-                    help="where inputs, stores and the HTA venv live (default: bench-data/)")
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=ROOT / "bench-data",
+        help="where inputs, stores and the HTA venv live (default: bench-data/)",
+    )
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--events", type=int, default=1_600_000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--xpuprof-cmd", default=None,
-                    help="command prefix for the CLI (default: the venv's `xpuprof` script, "
-                    "else `python -m xpuprof.ui.cli`)")
-    ap.add_argument("--hta-python", default=None,
-                    help="python of a venv with holistictraceanalysis==0.5.0 and pandas<3 "
-                    "(default: bench-data/hta-venv, created when missing)")
+    ap.add_argument(
+        "--xpuprof-cmd",
+        default=None,
+        help="command prefix for the CLI (default: the venv's `xpuprof` script, "
+        "else `python -m xpuprof.ui.cli`)",
+    )
+    ap.add_argument(
+        "--hta-python",
+        default=None,
+        help="python of a venv with holistictraceanalysis==0.5.0 and pandas<3 "
+        "(default: bench-data/hta-venv, created when missing)",
+    )
     ap.add_argument("--skip-xpuprof", action="store_true", help="measure HTA only")
     ap.add_argument("--skip-hta", action="store_true", help="measure xpuprof only")
-    ap.add_argument("--big", action="store_true",
-                    help="also import one ~2 GB file with xpuprof (peak RSS target <= 4 GB)")
+    ap.add_argument(
+        "--big",
+        action="store_true",
+        help="also import one ~2 GB file with xpuprof (peak RSS target <= 4 GB)",
+    )
     ap.add_argument("--big-mb", type=float, default=2048)
-    ap.add_argument("--big-workers", default="", metavar="N,M",
-                    help="import the big file with each of these --workers values (e.g. 1,2; "
-                    "default: xpuprof's own choice); the last one fills the summary's big row")
+    ap.add_argument(
+        "--big-workers",
+        default="",
+        metavar="N,M",
+        help="import the big file with each of these --workers values (e.g. 1,2; "
+        "default: xpuprof's own choice); the last one fills the summary's big row",
+    )
     ap.add_argument("--big-runs", type=int, default=1, help="runs per --big-workers value")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run")
-    ap.add_argument("--retries", type=int, default=2,
-                    help="re-run a measurement disturbed by other processes up to this often")
-    ap.add_argument("--wait-idle", type=float, default=300, metavar="S",
-                    help="before each run wait up to S seconds for the machine to be idle "
-                    "(< 10%% CPU over 2 s); 0 disables")
+    ap.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="re-run a measurement disturbed by other processes up to this often",
+    )
+    ap.add_argument(
+        "--wait-idle",
+        type=float,
+        default=300,
+        metavar="S",
+        help="before each run wait up to S seconds for the machine to be idle "
+        "(< 10%% CPU over 2 s); 0 disables",
+    )
     ap.add_argument("--keep-stores", action="store_true", help="do not delete xpuprof stores")
     ap.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     a = ap.parse_args(argv)
@@ -443,22 +552,31 @@ def main(argv: list[str] | None = None) -> int:
     if not a.skip_xpuprof:
         why = xpuprof_missing(xcmd)
         if why:
-            log(f"error: the xpuprof CLI is not usable: `{shlex.join(xcmd)} import --help` "
-                f"failed: {why}\n(set --xpuprof-cmd, or pass --skip-xpuprof to measure HTA only)")
+            log(
+                f"error: the xpuprof CLI is not usable: `{shlex.join(xcmd)} import --help` "
+                f"failed: {why}\n(set --xpuprof-cmd, or pass --skip-xpuprof to measure HTA only)"
+            )
             return 2
     hpy = None if a.skip_hta else hta_python(a.hta_python, a.data)
 
-    man = ensure_dataset(a.data, f"kineto-{a.ranks}r-{a.events}", ranks=a.ranks, events=a.events,
-                         seed=a.seed)
+    man = ensure_dataset(
+        a.data, f"kineto-{a.ranks}r-{a.events}", ranks=a.ranks, events=a.events, seed=a.seed
+    )
     ddir = a.data / f"kineto-{a.ranks}r-{a.events}"
     by_cat: dict[str, int] = {}
     for k, v in man["counts"].items():
         cat = k.split("/", 1)[1] or "(none)"
         by_cat[cat] = by_cat.get(cat, 0) + v
-    dataset = {"dir": str(ddir), "files": len(man["files"]), "ranks": a.ranks,
-               "events": man["total_events"], "mb": man["total_file_bytes"] / 1e6,
-               "file_mb": [round(f["file_bytes"] / 1e6, 1) for f in man["files"]],
-               "by_phase_cat": man["counts"], "by_cat": by_cat}
+    dataset = {
+        "dir": str(ddir),
+        "files": len(man["files"]),
+        "ranks": a.ranks,
+        "events": man["total_events"],
+        "mb": man["total_file_bytes"] / 1e6,
+        "file_mb": [round(f["file_bytes"] / 1e6, 1) for f in man["files"]],
+        "by_phase_cat": man["counts"],
+        "by_cat": by_cat,
+    }
     warm_cache([f["path"] for f in man["files"]])
 
     stores = a.data / "stores"
@@ -478,8 +596,14 @@ def main(argv: list[str] | None = None) -> int:
                 made.append(store)
                 return [*xcmd, "import", str(ddir), "-o", str(store)]
 
-            r = measure_clean(import_cmd, label=f"[{i + 1}/{a.runs}] xpuprof import",
-                              retries=a.retries, wait=a.wait_idle, timeout=a.timeout, env=env)
+            r = measure_clean(
+                import_cmd,
+                label=f"[{i + 1}/{a.runs}] xpuprof import",
+                retries=a.retries,
+                wait=a.wait_idle,
+                timeout=a.timeout,
+                env=env,
+            )
             store = made[r["attempt"]]
             for other in made:
                 if other != store:
@@ -488,37 +612,55 @@ def main(argv: list[str] | None = None) -> int:
                 log(r["output"][-3000:])
                 log(f"error: xpuprof import failed with exit code {r['rc']}")
                 return 1
-            log(f"    {r['wall_s']:.2f} s, peak RSS {gb(r['peak_rss'])}, CPU {r['cpu_s']:.1f} s"
-                + contention(r))
+            log(
+                f"    {r['wall_s']:.2f} s, peak RSS {gb(r['peak_rss'])}, CPU {r['cpu_s']:.1f} s"
+                + contention(r)
+            )
             xruns.append(r)
             if last_store and not a.keep_stores:
                 shutil.rmtree(last_store, ignore_errors=True)
             last_store = store
         if hpy:
-            r = measure_clean(lambda _: [hpy, "-c", HTA_SCRIPT, str(ddir)],
-                              label=f"[{i + 1}/{a.runs}] HTA TraceAnalysis", retries=a.retries,
-                              wait=a.wait_idle, timeout=a.timeout, env=env)
+            r = measure_clean(
+                lambda _: [hpy, "-c", HTA_SCRIPT, str(ddir)],
+                label=f"[{i + 1}/{a.runs}] HTA TraceAnalysis",
+                retries=a.retries,
+                wait=a.wait_idle,
+                timeout=a.timeout,
+                env=env,
+            )
             if r["rc"] != 0:
                 log(r["output"][-3000:])
                 log(f"error: HTA failed with exit code {r['rc']}")
                 return 1
             line = next(x for x in r["output"].splitlines() if x.startswith("HTA_RESULT "))
-            kept = json.loads(line[len("HTA_RESULT "):])
+            kept = json.loads(line[len("HTA_RESULT ") :])
             r["in_process_load_s"] = kept["load_s"]
-            log(f"    {r['wall_s']:.2f} s (TraceAnalysis() {kept['load_s']:.2f} s), "
-                f"peak RSS {gb(r['peak_rss'])}, CPU {r['cpu_s']:.1f} s" + contention(r))
+            log(
+                f"    {r['wall_s']:.2f} s (TraceAnalysis() {kept['load_s']:.2f} s), "
+                f"peak RSS {gb(r['peak_rss'])}, CPU {r['cpu_s']:.1f} s" + contention(r)
+            )
             hruns.append(r)
-            hta_kept = {"rows": sum(kept["rows"].values()), "rows_per_rank": kept["rows"],
-                        "kept_by_cat": kept["kept_by_cat"], "iterations": kept["iterations"]}
+            hta_kept = {
+                "rows": sum(kept["rows"].values()),
+                "rows_per_rank": kept["rows"],
+                "kept_by_cat": kept["kept_by_cat"],
+                "iterations": kept["iterations"],
+            }
 
-    res: dict[str, Any] = {"machine": machine(), "dataset": dataset, "runs": a.runs,
-                           "xpuprof_cmd": None if a.skip_xpuprof else shlex.join(xcmd),
-                           "hta_python": hpy}
+    res: dict[str, Any] = {
+        "machine": machine(),
+        "dataset": dataset,
+        "runs": a.runs,
+        "xpuprof_cmd": None if a.skip_xpuprof else shlex.join(xcmd),
+        "hta_python": hpy,
+    }
     res["xpuprof"] = summarize(xruns) if xruns else None
     if hruns:
         res["hta"] = summarize(hruns)
         res["hta"]["in_process_load_s_median"] = statistics.median(
-            r["in_process_load_s"] for r in hruns)
+            r["in_process_load_s"] for r in hruns
+        )
         res["hta_kept"] = hta_kept
     else:
         res["hta"] = None
@@ -526,9 +668,14 @@ def main(argv: list[str] | None = None) -> int:
     if last_store is not None:
         info_runs = []
         for i in range(max(3, a.runs)):
-            r = measure_clean(lambda _: [*xcmd, "info", str(last_store)],
-                              label=f"[{i + 1}] xpuprof info", retries=a.retries,
-                              wait=a.wait_idle, timeout=120, env=env)
+            r = measure_clean(
+                lambda _: [*xcmd, "info", str(last_store)],
+                label=f"[{i + 1}] xpuprof info",
+                retries=a.retries,
+                wait=a.wait_idle,
+                timeout=120,
+                env=env,
+            )
             if r["rc"] != 0:
                 log(r["output"][-2000:])
                 log(f"error: xpuprof info failed with exit code {r['rc']}")
@@ -541,8 +688,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.big and not a.skip_xpuprof:
         # one file (rank 0 of an 8-rank job) whatever --ranks says, so the cache stays valid
-        bman = ensure_dataset(a.data, f"kineto-big-{int(a.big_mb)}mb", ranks=8,
-                              single_file_mb=a.big_mb, seed=a.seed)
+        bman = ensure_dataset(
+            a.data, f"kineto-big-{int(a.big_mb)}mb", ranks=8, single_file_mb=a.big_mb, seed=a.seed
+        )
         warm_cache([f["path"] for f in bman["files"]])
         big_stores: list[Path] = []
         # each --big-workers value in turn, --big-runs rounds, alternating; "" = xpuprof's choice
@@ -550,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
         big_runs: dict[str, list[dict[str, Any]]] = {w: [] for w in choices}
         for i in range(a.big_runs):
             for w in choices:
+
                 def big_cmd(attempt: int, w: str = w, i: int = i) -> list[str]:
                     store = stores / f"big-{os.getpid()}-{w or 'auto'}-{i}-{attempt}"
                     shutil.rmtree(store, ignore_errors=True)
@@ -557,10 +706,17 @@ def main(argv: list[str] | None = None) -> int:
                     extra = ["--workers", w] if w else []
                     return [*xcmd, "import", bman["files"][0]["path"], "-o", str(store), *extra]
 
-                label = (f"[{i + 1}/{a.big_runs}] xpuprof import of the big file, "
-                         f"workers={w or 'auto'}")
-                r = measure_clean(big_cmd, label=label, retries=a.retries, wait=a.wait_idle,
-                                  timeout=a.timeout, env=env)
+                label = (
+                    f"[{i + 1}/{a.big_runs}] xpuprof import of the big file, workers={w or 'auto'}"
+                )
+                r = measure_clean(
+                    big_cmd,
+                    label=label,
+                    retries=a.retries,
+                    wait=a.wait_idle,
+                    timeout=a.timeout,
+                    env=env,
+                )
                 if not a.keep_stores:
                     for store in big_stores:
                         shutil.rmtree(store, ignore_errors=True)
@@ -568,14 +724,18 @@ def main(argv: list[str] | None = None) -> int:
                     log(r["output"][-3000:])
                     log(f"error: xpuprof import (big) failed with exit code {r['rc']}")
                     return 1
-                log(f"    {r['wall_s']:.2f} s, peak RSS {gb(r['peak_rss'])}, load "
-                    f"{r['load']:.2f}" + contention(r))
+                log(
+                    f"    {r['wall_s']:.2f} s, peak RSS {gb(r['peak_rss'])}, load "
+                    f"{r['load']:.2f}" + contention(r)
+                )
                 big_runs[w].append(r)
         facts = {"mb": bman["total_file_bytes"] / 1e6, "events": bman["total_events"]}
         res["big_by_workers"] = {w or "auto": summarize(rs) | facts for w, rs in big_runs.items()}
         r = big_runs[choices[-1]][-1]
-        res["big"] = summarize(big_runs[choices[-1]]) | {"mb": bman["total_file_bytes"] / 1e6,
-                                       "events": bman["total_events"]}
+        res["big"] = summarize(big_runs[choices[-1]]) | {
+            "mb": bman["total_file_bytes"] / 1e6,
+            "events": bman["total_events"],
+        }
 
     x, h = res.get("xpuprof"), res.get("hta")
     res["ratios"] = {

@@ -44,7 +44,9 @@ Numbers:
   table at the injected step (holder = injected rank? the source job's own late rank, a copy of
   real rank 7, usually holds every step) and its one-off straggler (facts ``outlier_rank``,
   ``outlier_step``: the rank that held the others back more than it usually does): the injected
-  rank and step? Add a phase by adding a function to :data:`PHASES`.
+  rank and step? ``overview`` runs the overview (one Dask task per rank from 32 ranks up: each
+  rank's breakdown, diagnosis, roofline share and top sums) and checks every rank has its
+  summary row. Add a phase by adding a function to :data:`PHASES`.
 
 Each measurement waits (up to ``--wait-idle`` s) for the machine to be idle and reports the
 CPU time other processes used meanwhile (the machine is shared: a busy neighbour halves a
@@ -67,22 +69,18 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+import bench_import as bi  # noqa: E402  (sibling script: process measurement)
 import gen_ranks  # noqa: E402  (sibling script, not a package)
-from bench_import import _busy, machine, wait_idle  # noqa: E402
+from bench_import import machine, wait_idle  # noqa: E402
 
 # ------------------------------------------------------------------------ analysis phases
 
@@ -213,10 +211,26 @@ def phase_rank_steps(trace: Any, truth: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def phase_overview(trace: Any, truth: dict[str, Any]) -> dict[str, Any]:
+    """``analysis.overview``: from 32 ranks up one Dask task per rank; its headline and the
+    rank it names, and whether every rank has a summary row."""
+    from xpuprof.analysis.overview import overview
+
+    res = overview(trace)
+    summary = res.tables.get("summary")
+    return {
+        "ranks": int(res.facts.get("ranks", 0)),
+        "all_ranks": summary is not None and len(summary) == truth["world_size"],
+        "bottleneck": res.facts.get("bottleneck"),
+        "headline": str(res.facts.get("headline", ""))[:300],
+    }
+
+
 #: Analysis phases run on each set, in order: name -> function(trace, truth) -> metrics.
 PHASES: dict[str, Callable[[Any, dict[str, Any]], dict[str, Any]]] = {
     "collectives": phase_collectives,
     "rank_steps": phase_rank_steps,
+    "overview": phase_overview,
 }
 
 
@@ -274,81 +288,30 @@ def _maxrss() -> int:
 # --------------------------------------------------------------------------- measurement
 
 
-def measure(cmd: list[str], *, timeout: float, interval: float = 0.02) -> dict[str, Any]:
-    """Run ``cmd``; wall time, peak RSS of the tree and of each process, output, CPU use of
-    the tree and of the rest of the machine meanwhile."""
-    with tempfile.TemporaryFile() as out:
-        busy0 = _busy()
-        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        load0 = os.getloadavg()
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                             env=dict(os.environ, PYTHONUNBUFFERED="1"))  # fmt: skip
-        peak = {"tree": 0, "procs": 1}
-        per: dict[int, dict[str, Any]] = {}
-        done = threading.Event()
-
-        def sample() -> None:
-            try:
-                root = psutil.Process(p.pid)
-            except psutil.NoSuchProcess:
-                return
-            while not done.is_set():
-                try:
-                    procs = [root, *root.children(recursive=True)]
-                except psutil.NoSuchProcess:
-                    break
-                total = 0
-                for q in procs:
-                    try:
-                        rss = q.memory_info().rss
-                        cpu = q.cpu_times()
-                        if q.pid not in per:
-                            per[q.pid] = {"ppid": q.ppid(), "cmd": " ".join(q.cmdline())[:200],
-                                          "peak": 0}  # fmt: skip
-                    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                        continue
-                    total += rss
-                    per[q.pid]["peak"] = max(per[q.pid]["peak"], rss)
-                    per[q.pid]["cpu"] = cpu.user + cpu.system
-                peak["tree"] = max(peak["tree"], total)
-                peak["procs"] = max(peak["procs"], len(procs))
-                done.wait(interval)
-
-        th = threading.Thread(target=sample, daemon=True)
-        th.start()
-        try:
-            rc = p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in psutil.Process(p.pid).children(recursive=True):
-                q.kill()
-            p.kill()
-            rc = p.wait() or -9
-        wall = time.perf_counter() - t0
-        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        tree_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-        other = max(0.0, _busy() - busy0 - tree_cpu)
-        done.set()
-        th.join()
-        out.seek(0)
-        text = out.read().decode(errors="replace")
-    main = per.get(p.pid, {"peak": 0})["peak"]
+def measure(cmd: list[str], *, timeout: float) -> dict[str, Any]:
+    """Run ``cmd`` (``bench_import.measure``: wall time, the tree's peak RSS and CPU, the rest
+    of the machine's CPU meanwhile), and tell its processes apart: the main one, the fork
+    server, the resource tracker and the workers, each with its peak RSS."""
+    load0 = os.getloadavg()
+    r = bi.measure(cmd, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    per = r["procs"]
+    main = per.get(r["pid"], {"peak": 0})["peak"]
     for pid, q in per.items():
-        q["role"] = ("main" if pid == p.pid
-                     else "forkserver" if q["ppid"] == p.pid and "forkserver" in q["cmd"]
+        q["role"] = ("main" if pid == r["pid"]
+                     else "forkserver" if q["ppid"] == r["pid"] and "forkserver" in q["cmd"]
                      else "tracker" if "resource_tracker" in q["cmd"] else "worker")  # fmt: skip
     workers = [q["peak"] for q in per.values() if q["role"] == "worker"]
     result = None
-    for line in text.splitlines():
+    for line in r["output"].splitlines():
         if line.startswith("SCALE_RESULT "):
             result = json.loads(line[len("SCALE_RESULT ") :])
-    return {"wall_s": wall, "rc": rc, "peak_tree": peak["tree"], "peak_main": main,
-            "peak_worker_procs": sorted(workers, reverse=True), "max_procs": peak["procs"],
+    return {"wall_s": r["wall_s"], "rc": r["rc"], "peak_tree": r["peak_rss"], "peak_main": main,
+            "peak_worker_procs": sorted(workers, reverse=True), "max_procs": r["max_procs"],
             "procs": [{k: q[k] for k in ("role", "peak", "cpu", "cmd") if k in q}
                       for q in per.values()],
-            "cpu_s": tree_cpu, "cpu_s_sampled": sum(q.get("cpu", 0.0) for q in per.values()),
-            "other_cpu_s": other, "load_before": load0,
-            "load_after": os.getloadavg(), "result": result, "output": text}  # fmt: skip
+            "cpu_s": r["cpu_s"], "cpu_s_sampled": sum(q.get("cpu", 0.0) for q in per.values()),
+            "other_cpu_s": r["other_cpu_s"], "load_before": load0,
+            "load_after": os.getloadavg(), "result": result, "output": r["output"]}  # fmt: skip
 
 
 def other_share(r: dict[str, Any]) -> float:
@@ -560,6 +523,9 @@ def _verdict(name: str, ph: dict[str, Any]) -> str:
                     f"{ph.get('outlier_step')} ({ph.get('outlier_excess_us', 0):.0f} µs more "
                     f"than usual): {'yes' if ph['outlier_identifies'] else 'no'}")  # fmt: skip
         return txt
+    if name == "overview":
+        every = "every rank summarised" if ph.get("all_ranks") else "NOT every rank summarised"
+        return f"{ph.get('ranks')} ranks, {every}; bottleneck {ph.get('bottleneck')}"
     return ""
 
 
