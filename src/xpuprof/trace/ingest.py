@@ -269,7 +269,7 @@ def write_raw(
 
 
 @contextlib.contextmanager
-def _failing_cleanly(root: Path, made: list[Path]) -> Iterator[None]:
+def failing_cleanly(root: Path, made: list[Path]) -> Iterator[None]:
     """What every store write does when it fails: the parent folders it made go again if no
     store came to be, and an OS error becomes one :class:`StoreError` naming the store."""
     try:
@@ -293,7 +293,7 @@ def store_raw(
     t0 = time.perf_counter()
     root = Path(store).resolve()
     made = st.make_parents(root)
-    with _failing_cleanly(root, made), st.StoreLock(root, wait=lock_wait):
+    with failing_cleanly(root, made), st.StoreLock(root, wait=lock_wait):
         st.clean_stale(root)
         if root.exists() and (root.is_file() or any(root.iterdir())):
             raise XpuprofError(f"{root}: exists and is not empty; not overwriting it")
@@ -612,6 +612,16 @@ def _submit_all(
     return results, n_workers
 
 
+def import_size(paths: list[str | Path]) -> int:
+    """Bytes an import of ``paths`` reads: its trace files, or the files of the stores it
+    merges (what a progress bar counts)."""
+    from xpuprof.trace import merge
+
+    if merge.wants_merge(paths):
+        return merge.input_size(paths)
+    return sum(_size(p) for p in expand_sources(paths))
+
+
 def import_traces(
     paths: list[str | Path],
     store: str | Path,
@@ -637,12 +647,20 @@ def import_traces(
     replaced. One writer at a time: the import holds the store's lock
     (:class:`~xpuprof.trace.store.StoreLock`), waiting up to ``lock_wait`` seconds for another
     writer before a :class:`StoreError` naming it; it also removes what killed writers left.
+
+    ``paths`` naming stores are merged into ``store`` instead (:mod:`xpuprof.trace.merge`;
+    ``lenient``, ``scheduler`` and ``workers`` do not apply: the parts are already read).
     """
+    from xpuprof.trace import merge
+
+    if merge.wants_merge(paths):
+        return merge.merge_stores(paths, store, mixed=mixed, force=force, lock_wait=lock_wait,
+                                  progress=progress)  # fmt: skip
     t0 = time.perf_counter()
     root = Path(store).resolve()
     sources = expand_sources(paths)
     made = st.make_parents(root)
-    with _failing_cleanly(root, made), st.StoreLock(root, wait=lock_wait):
+    with failing_cleanly(root, made), st.StoreLock(root, wait=lock_wait):
         st.clean_stale(root)
         return _import_locked(sources, root, t0, lenient, scheduler, workers, force, progress,
                               mixed)  # fmt: skip
@@ -719,6 +737,7 @@ __all__ = [
     "StoreError",
     "TraceFormatError",
     "expand_sources",
+    "import_size",
     "import_traces",
     "rank_hints",
     "source_rank",

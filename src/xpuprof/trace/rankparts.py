@@ -60,6 +60,13 @@ def _who(entry: dict[str, Any]) -> str:
             f"{d.get('host') or entry.get('host')}")  # fmt: skip
 
 
+def other_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """True when two ranks' distributed settings (``live/job.py``'s dicts) are not of one job:
+    their job ids or world sizes differ. The one rule for a rank joining a store and for
+    stores merged into one (``trace/merge.py``)."""
+    return a.get("job") != b.get("job") or a.get("world_size") != b.get("world_size")
+
+
 def join_problem(root: Path, sources: list[dict[str, Any]], me: dict[str, Any]) -> str | None:
     """Why the rank described by ``me`` (``live/job.py``'s dict) may not add its part to the
     store at ``root`` holding ``sources`` (manifest entries), in one line; None if it may."""
@@ -71,8 +78,7 @@ def join_problem(root: Path, sources: list[dict[str, Any]], me: dict[str, Any]) 
             return (f"{root}: holds {s.get('path')} (part {s['part']}), which is not a rank of "
                     f"a distributed capture; this process ({mine}) will not add its part to "
                     "it: give the job its own out")  # fmt: skip
-        other_job = d.get("job") != me.get("job") or d.get("world_size") != me["world_size"]
-        if other_job:
+        if other_job(d, me):
             same = " with the same rank" if s["part"] == me["rank"] else ""
             return (f"{root}: holds a capture of another job{same} ({_who(s)}); this process "
                     f"is {mine}: give each job its own out")  # fmt: skip

@@ -118,14 +118,20 @@ class _FormatsHelp(typer.core.TyperCommand):
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         listed = "\n\n".join(f"{n}: {escape(d)}" for n, d, _ in tools.input_formats())
-        self.help = f"{inspect.getdoc(import_cmd)}\n\nFormats (xpuprof formats):\n\n{listed}"
+        # the docstring's paragraphs reflowed: Rich keeps a single newline as a line break
+        doc = "\n\n".join(
+            " ".join(p.split()) for p in (inspect.getdoc(import_cmd) or "").split("\n\n")
+        )
+        self.help = f"{doc}\n\nFormats (xpuprof formats):\n\n{listed}"
         super().format_help(ctx, formatter)
 
 
 @app.command("import", cls=_FormatsHelp)
 def import_cmd(
     paths: list[Path] = typer.Argument(
-        ..., help="Trace files or directories of them (formats below; xpuprof formats)."
+        ...,
+        help="Trace files or directories of them (formats below; xpuprof formats), or stores "
+        "to merge into one (per-rank captures of one job).",
     ),
     store: Path = typer.Option(..., "-o", "--output", help="Store directory to write."),
     lenient: bool = typer.Option(
@@ -137,22 +143,30 @@ def import_cmd(
     workers: int = typer.Option(
         None, "--workers", help="Worker processes (default: one per core for large inputs)."
     ),
-    force: bool = typer.Option(False, "--force", help="Re-import even unchanged files."),
+    force: bool = typer.Option(
+        False, "--force", help="Re-import even unchanged files (re-merge unchanged stores)."
+    ),
     mixed: bool = typer.Option(
         False,
         "--mixed",
-        help="Keep traces of different jobs (world sizes, process groups) in one store.",
+        help="Keep traces of different jobs (world sizes, process groups) in one store; "
+        "merging: also stores holding the same rank.",
     ),
     wait: float = typer.Option(
         60.0, "--wait", help="Seconds to wait while another xpuprof process writes the store."
     ),
     as_json: bool = _JSON,
 ) -> None:
-    """Import trace files (PyTorch profiler, XProf XPlane, plug-in formats) into a store."""
-    from xpuprof.trace.ingest import expand_sources, import_traces
+    """Import trace files (PyTorch profiler, XProf XPlane, plug-in formats) into a store.
+
+    Given stores instead (xpuprof import rank0.store rank1.store -o job.store), merge them into
+    one: each input's parts become parts of the output, numbered by rank when all ranks are
+    distinct, else in order; refused when they hold ranks of different jobs or one rank twice
+    (unless --mixed). Stores and trace files are not imported in one run."""
+    from xpuprof.trace.ingest import import_size, import_traces
 
     try:
-        total = sum(p.stat().st_size for p in expand_sources(list(paths)))
+        total = import_size(list(paths))
         bar = not as_json and total >= PROGRESS_MIN_BYTES
         with render.progress_bar(total, err) if bar else contextlib.nullcontext() as progress:
             report = import_traces(list(paths), store, lenient=lenient, scheduler=scheduler,

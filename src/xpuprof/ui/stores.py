@@ -189,6 +189,11 @@ def import_result(report: Any) -> Result:
     title = (f"imported into {report.store}: {report.events_read:,} events read from "
              f"{len(report.sources)} file(s) in {report.seconds:.2f} s "
              f"({report.workers} worker(s))")  # fmt: skip
+    merged = {str(s["merged_from"]["store"]) for s in report.sources if s.get("merged_from")}
+    if merged:  # a merge of stores (trace.merge): their parts were read at their import
+        title = (f"merged into {report.store}: {len(report.sources)} part(s) of "
+                 f"{len(merged)} store(s), {report.rows.get('events', 0):,} events, in "
+                 f"{report.seconds:.2f} s")  # fmt: skip
     levels = [{"level": lv, "events": report.levels[lv]} for lv in LEVELS
               if report.levels.get(lv)]  # fmt: skip
     return Result(tables={"sources": rows, "levels": levels}, notes=notes, facts=facts,
