@@ -114,19 +114,22 @@ WORKER = textwrap.dedent(
 )
 
 
-def run_job(tmp: Path, world: int, mode: str) -> tuple[Path, list[dict], list[int]]:
+def run_job(
+    tmp: Path, world: int, mode: str, out: str = "job.store"
+) -> tuple[Path, list[dict], list[int]]:
     """Start ``world`` ranks as torchrun would and wait for them; the store, each rank's own
-    record (None for a rank that died) and their exit codes."""
+    record (None for a rank that died) and their exit codes. ``out``: the store's name in
+    ``tmp`` (``rank{rank}.store``: one store per rank, test_merge_stores.py)."""
     script = tmp / "worker.py"
     script.write_text(WORKER)
-    store = tmp / "job.store"
+    store = tmp / out
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     procs = []
     for r in range(world):
         renv = {**env, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
                 "LOCAL_WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1"}  # fmt: skip
-        cmd = [sys.executable, str(script), str(tmp / "init"), str(store), str(tmp / f"w{r}"),
-               mode, str(WARMUP), str(STEPS)]  # fmt: skip
+        cmd = [sys.executable, str(script), str(tmp / "init"), str(tmp / out.format(rank=r)),
+               str(tmp / f"w{r}"), mode, str(WARMUP), str(STEPS)]  # fmt: skip
         with open(tmp / f"w{r}.err", "w") as err:  # a file: a full pipe would stall a rank
             procs.append(subprocess.Popen(cmd, env=renv, stderr=err))
     codes = []
@@ -347,3 +350,22 @@ def test_the_launchers_variables_say_who_a_process_is(plain_process, env, want) 
         return
     got = (me["rank"], me["world_size"], me["local_rank"], me["rank_from"], me["job"])
     assert got == want
+
+
+def test_the_ranks_all_reduces_are_matched_across_ranks(job) -> None:
+    """Rank 0 lists two process groups (the default one and the worker's
+    ``new_group(ranks=[0])``), rank 1 one, and the gloo spans name none: a group of one rank
+    has no partner, so the default group is the only one their collectives can be matched in
+    — each rank's k-th all-reduce pairs with the other's k-th, their starts the raw spans'."""
+    from xpuprof.analysis.comm import collectives
+
+    _, _, facts, trace = job
+    sk = collectives(trace).tables["skew"].sort_values("seq")
+    assert len(sk) == facts[0]["all_reduce"] == 12
+    assert (sk["participants"] == 2).all() and (sk["process_group"] == "pg 0").all()
+    ev = trace.events
+    starts = {r: sorted(ev[(ev["rank"] == r) & (ev["name"] == "gloo:all_reduce")]["ts"])
+              for r in (0, 1)}  # fmt: skip
+    for row, a, b in zip(sk.itertuples(), starts[0], starts[1], strict=True):
+        assert (row.first_start, row.last_start) == (min(a, b), max(a, b))
+        assert row.skew_ns == abs(a - b)

@@ -126,7 +126,8 @@ def _from_host_spans(ident: Identity, trace: Trace, df: pd.DataFrame, rows: np.n
     ``record_param_comms`` op inside a ``c10d::`` op says (as for a kernel's launch), then the
     type from the name where no args said it, the bytes from the largest tensor of their input
     shapes (``record_shapes``), and — when the rank's ``distributedInfo`` lists a single
-    process group — that group (the only one its collectives can belong to)."""
+    process group of more than one rank (:func:`_shared_groups`) — that group (the only one
+    its collectives can be matched in)."""
     if not len(rows):
         return
     ids = df["id"].to_numpy(np.int64)[rows]
@@ -148,9 +149,25 @@ def _from_host_spans(ident: Identity, trace: Trace, df: pd.DataFrame, rows: np.n
         a = args.get(int(df["id"].iat[i]))
         if np.isnan(ident.nbytes[i]) and isinstance(a, dict):
             ident.set_bytes(i, tensor_bytes(a), "host span shapes")
-        cfg = (di.get(int(df["part"].iat[i])) or {}).get("pg_config") or []
+        cfg = _shared_groups((di.get(int(df["part"].iat[i])) or {}).get("pg_config") or [])
         if ident.process_group[i] is None and len(cfg) == 1 and cfg[0].get("pg_name") is not None:
             ident.process_group[i] = f"pg {cfg[0]['pg_name']}"
+
+
+def _shared_groups(cfg: list[Any]) -> list[dict[str, Any]]:
+    """The process groups of a rank's ``pg_config`` that other ranks are in: a group of one
+    rank (``new_group([0])``) has no partner to wait for, so a collective that another rank
+    matches is never in it; a group whose size is not recorded counts as shared."""
+    out = []
+    for g in cfg:
+        if not isinstance(g, dict):
+            continue
+        size = as_int(g.get("pg_size"))
+        if size is None and isinstance(g.get("ranks"), list):
+            size = len(g["ranks"])
+        if size is None or size >= 2:
+            out.append(g)
+    return out
 
 
 def _from_kernel_args(ident: Identity, df: pd.DataFrame) -> None:
