@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -318,3 +319,21 @@ def test_the_devices_of_one_host_share_its_clock_under_every_alignment(tmp_path)
         assert end["skew"]["skew_ns"].tolist() == none["skew"]["skew_ns"].tolist()
         off = clock_offsets(t, "end")
         assert off["status"].tolist() == ["reference"] and off["offset_ns"].tolist() == [0]
+
+
+def test_the_late_rank_advice_reads_the_shifted_clocks_as_the_recorded_ones(job):
+    """The advisor's late-rank finding compares the late rank's step start with the waiting
+    rank's on one clock (the solved offsets): on the shifted copy it says what it says on the
+    recorded job — rank 7 started its step 7.5 ms after rank 1 (raw JSON: the step spans'
+    starts, one host, one clock), not 7.5 ms plus 7 × 137 ms of shifted clock."""
+    from xpuprof.advise.rules import advise
+
+    t, _, s, _ = job
+    start = t.sql("select rank, ts from events where level = 'step'").set_index("rank").ts
+    gap_ms = (start[7] - start[1]) / 1e6
+    assert gap_ms == pytest.approx(7.5, rel=0.01)
+    recs = [advise(x)["recommendations"] for x in (t, s)]
+    late = [r[r.rule == "late-rank"].iloc[0].recommendation for r in recs]
+    assert late[0] == late[1]
+    said = re.search(r"it started the step ([\d.]+) ms after rank 1", late[1])
+    assert said and float(said.group(1)) == pytest.approx(gap_ms, abs=0.001)

@@ -4,12 +4,18 @@ follow the platform: NCCL on NVIDIA, RCCL on AMD, XLA collectives on TPU, gloo o
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from xpuprof.advise.findings import Context, Finding, per_step
 from xpuprof.analysis.comm import collective_waits
+from xpuprof.analysis.comm.clocks import clock_offsets
 from xpuprof.analysis.diagnosis import DESCRIPTION, fmt_ns
+
+if TYPE_CHECKING:
+    from xpuprof.trace.trace import Trace
 
 #: Bus bandwidth at or above this share of the link's one-way peak is bandwidth-bound: NCCL's
 #: all-reduce reaches about 75-80 % of it on NVLink (nccl-tests), so past half the link does
@@ -68,7 +74,9 @@ def _why_late(ctx: Context, late: int, coll: pd.Series) -> str:
     late_step = dx[(dx["rank"] == late) & (dx.ts <= theirs.ts)].tail(1)
     if late_step.empty:
         return ""
-    offset = (theirs.ts - coll.ts) - (coll.wait_ns)  # clock offset between the two ranks
+    offset = _offset(ctx.trace, late, ctx.rank)
+    if offset is None:  # a rank not aligned: this one collective's ends agree
+        offset = (theirs.ts - coll.ts) - (coll.wait_ns)
     start_gap = (int(late_step.ts.iloc[0]) - offset) - int(mine_step.ts.iloc[0])
     before_late = int(theirs.ts - late_step.ts.iloc[0])
     before_mine = int(coll.ts - mine_step.ts.iloc[0])
@@ -80,6 +88,18 @@ def _why_late(ctx: Context, late: int, coll: pd.Series) -> str:
     return (f"it spent {fmt_ns(before_late - before_mine)} longer before the collective "
             f"({fmt_ns(before_late)} vs {fmt_ns(before_mine)})"
             + (f", most in {cat}" if cat else ""))  # fmt: skip
+
+
+def _offset(trace: Trace, late: int, rank: int) -> int | None:
+    """Rank ``late``'s clock minus rank ``rank``'s (ns), from the comm tool's clock solve over
+    every matched collective (``analysis.comm.clocks``: 0 on one host); None where either
+    rank's clock is not aligned."""
+    off = clock_offsets(trace)
+    by = off.dropna(subset=["rank"]).drop_duplicates("rank").set_index("rank")["offset_ns"]
+    a, b = by.get(late), by.get(rank)
+    if a is None or b is None or pd.isna(a) or pd.isna(b):
+        return None
+    return int(a) - int(b)
 
 
 def _top_category(ctx: Context, rank: int, lo: int, hi: int) -> str:
