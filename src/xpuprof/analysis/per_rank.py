@@ -105,7 +105,7 @@ def _on_dask(
     scheduler: str | None,
 ) -> dict[int, Any]:
     import dask
-    from dask.distributed import Client, LocalCluster
+    from dask.distributed import Client, LocalCluster, as_completed
 
     cluster = None
     if scheduler:
@@ -123,15 +123,21 @@ def _on_dask(
             method = "forkserver"
         with dask.config.set({"distributed.worker.multiprocessing-method": method}):
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                   dashboard_address=None,
+                                   dashboard_address="127.0.0.1:0",
                                    silence_logs=logging.CRITICAL)  # fmt: skip
         client = Client(cluster)
     try:
         # seeds travel with their task only: a worker never receives another rank's
-        futures = {p: client.submit(run_part, path, p, target, seeds.get(p, {}), kwargs,
-                                    key=f"part-{p}-{target}", pure=False)
+        pending = {client.submit(run_part, path, p, target, seeds.get(p, {}), kwargs,
+                                 key=f"part-{p}-{target}", pure=False): p
                    for p in parts}  # fmt: skip
-        return {p: f.result() for p, f in futures.items()}
+        out: dict[int, Any] = {}
+        # each answer fetched as it is ready and released on its worker then: a worker does
+        # not keep the answers of its hundreds of tasks until the last one ends
+        for f in as_completed(list(pending)):
+            out[pending.pop(f)] = f.result()
+            f.release()
+        return {p: out[p] for p in parts}
     finally:
         client.close()
         if cluster is not None:
