@@ -248,3 +248,28 @@ def test_overview_of_the_dlrm_job_as_rank_tasks_equals_one_process(dlrm_store, m
     assert here.facts == there.facts and here.notes == there.notes
     assert (k.calls, k.total_ms) == (raw.n, pytest.approx(raw.ns / 1e6, rel=1e-12))
     assert there.facts["ranks"] == 8
+
+
+def test_a_big_jobs_summary_lists_the_slowest_ranks_first(tmp_path) -> None:
+    """From 32 ranks the summary's rows come slowest mean step first (a screenful of the ranks
+    to look at), and its title says so: 33 ranks whose one step lasts 100 + 3·((7·r) mod 33)
+    µs (a permutation of the ranks), so the order by hand is by that value, descending."""
+    files = []
+    want = {}
+    for r in range(33):
+        dur = 100 + 3 * ((7 * r) % 33)
+        want[r] = dur
+        tb = TraceBuilder(rank=r, world_size=33)
+        tb.step(0, 0, dur)
+        tb.op("aten::mm", 0, dur - 10)
+        files.append(tb.write(tmp_path / f"rank{r}.json"))
+    xpuprof.import_traces(files, tmp_path / "job.store")
+    with xpuprof.load(tmp_path / "job.store") as t:
+        res = overview(t)
+    s = res["summary"]
+    assert s["rank"].tolist() == sorted(want, key=lambda r: -want[r])
+    assert s["step_ms_mean"].tolist() == pytest.approx(
+        sorted((d / 1000 for d in want.values()), reverse=True)
+    )
+    assert res.present["summary"].title == "summary — 33 ranks, the slowest mean step first"
+    assert res.facts["step_ms_mean"] == pytest.approx(max(want.values()) / 1000)

@@ -56,6 +56,9 @@ if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
 
 MEMORY_BOUND_SHARE = 0.5
+#: From this many ranks the summary lists the slowest first and the terminal shows a
+#: screenful of them (``--limit``/``--json`` for all).
+MANY_RANKS = 32
 
 PARTS = ("compute", "communication", "memcpy", "memset", "other", "input", "host_idle")
 
@@ -147,6 +150,14 @@ def overview(
             "(capture level step): its compute cannot be told from the rest"))  # fmt: skip
     res.tables["steps"] = per_step
     summary = _summary(per_step, host_only, shares, dx)
+    if len(summary) >= MANY_RANKS and "device" not in summary:
+        # a row per rank of a big job: the slowest first, so a screenful shows the ones to
+        # look at (the ranks tool compares them step by step)
+        summary = summary.sort_values("step_ms_mean", ascending=False, kind="stable")
+        summary = summary.reset_index(drop=True)
+        res.present["summary"] = Presentation(
+            title=f"summary — {len(summary)} ranks, the slowest mean step first"
+        )
     res.tables["summary"] = summary
     if "device" in summary:  # one column per device: name them by it, not by their one rank
         res.present["summary"] = Presentation(layout="transpose", label="device", all_rows=True)
