@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from xpuprof.trace.trace import Trace
 
 HOST_LEVELS = ("step", "annotation", "op", "runtime")
-_HOST_SQL = (
+HOST_SQL = (
     "select part, id, parent, pid, tid, ts, dur, depth, correlation, level, "
     "level = 'runtime' as is_runtime, level in ('op', 'runtime') as is_op, "
     "coalesce(name = 'cudaEventRecord', false) as is_record, "
@@ -52,7 +52,7 @@ _HOST_SQL = (
     "from events where part in ({parts}) and device < 0 and dur is not null and dur >= 0 "
     f"and level in {HOST_LEVELS} order by id"
 )
-_DEVICE_SQL = (
+DEVICE_SQL = (
     "select part, id, device, stream, ts as t, dur, correlation, level, "
     "level = 'collective' or coalesce(contains(lower(name), 'nccl') "
     "or contains(lower(name), 'rccl'), false) as comm, "
@@ -73,16 +73,19 @@ def build(
     parts: list[int] | None = None,
     windows: dict[int, tuple[int, int]] | None = None,
     align: str = "auto",
+    plan: tuple[int, pd.DataFrame] | None = None,
 ) -> ReplayGraph:
     """The replay graph of ``parts`` (default: all) over host events starting in each part's
     window (inclusive ns, the part's own clock; absent: all) and the device work they launched
-    (device work without a launch: starting in the window): ``graph.replay_graph``."""
+    (device work without a launch: starting in the window): ``graph.replay_graph``. ``plan``:
+    (clock offset, matched collectives) of the one part in ``parts``, planned over the whole
+    job (``sim/job_parts.py``), instead of matching the collectives among ``parts``."""
     ranks = {int(s["part"]): s.get("rank") for s in trace.sources}
     parts = sorted(ranks) if parts is None else sorted(int(p) for p in parts)
     windows = windows or {}
     sql = ", ".join(map(str, parts)) or "null"
-    host_all = gb.fetch(trace, _HOST_SQL.replace("{parts}", sql))
-    dev_all = gb.fetch(trace, _DEVICE_SQL.replace("{parts}", sql))
+    host_all = gb.fetch(trace, HOST_SQL.replace("{parts}", sql))
+    dev_all = gb.fetch(trace, DEVICE_SQL.replace("{parts}", sql))
     sync_all = gb.fetch(trace, gb.SYNC_QUERY.replace("{parts}", sql))
     fb_all = gb.fetch(trace, _FWDBWD_SQL.replace("{parts}", sql))
     b = Builder()
@@ -93,7 +96,13 @@ def build(
         _add_part(b, p, _rows(host_all, p), _rows(dev_all, p), _rows(sync_all, p),
                   _rows(fb_all, p), windows.get(p, WHOLE_TRACE),
                   hc.loc[hc["part"] == p, "id"].to_numpy(np.int64))  # fmt: skip
-    offsets = add_collectives(b, trace, parts, align)
+    if plan is not None:
+        from xpuprof.sim.collectives import add_planned
+
+        add_planned(b, plan[1])
+        offsets = {p: plan[0] for p in parts}
+    else:
+        offsets = add_collectives(b, trace, parts, align)
     return b.finish(tuple(parts), {p: ranks.get(p) for p in parts}, offsets)
 
 

@@ -26,19 +26,8 @@ def add_collectives(
     ours = [c.assign(part=p) for p, c in b.coll_nodes.items() if len(c)]
     if not ours:
         return offsets
-    from xpuprof.analysis.comm import collectives
-
-    ranks = [r for p in parts if (r := _rank_of(trace, p)) is not None]
-    res = collectives(trace, ranks=ranks if len(ranks) == len(parts) else None, align=align)
-    table = res.tables["collectives"]
-    if "clock" in res.tables:
-        _offsets(b, table, res.tables["clock"], offsets)
-    m = pd.concat(ours).merge(
-        table[["id", "participant", "process_group", "seq", "group_size"]], on="id", how="left"
-    )
-    m["key"] = m["process_group"].astype(str) + "#" + m["seq"].astype(str)
-    n_part = m.groupby("key")["participant"].transform("nunique")
-    matched = (n_part >= 2) & m["seq"].notna()
+    m, offsets = match_collectives(trace, parts, pd.concat(ours), align, b)
+    matched = m["matched"]
     for p, g in m[~matched].groupby("part"):
         b.unmodel(int(p), "collective", g["id"].to_numpy(),
                   "collective without partners in the store (a single rank of a multi-rank "
@@ -46,6 +35,32 @@ def add_collectives(
     if matched.any():
         _rendezvous(b, m[matched].copy(), offsets)
     return offsets
+
+
+def match_collectives(
+    trace: Trace, parts: list[int], ours: pd.DataFrame, align: str, b: Builder | None = None
+) -> tuple[pd.DataFrame, dict[int, int]]:
+    """The collectives ``ours`` (``id``, ``part``, …: those of the replay graph of ``parts``)
+    with the comm tool's matching (``participant``, ``process_group``, ``seq``,
+    ``group_size``), their ``key`` (process group # position) and whether it is ``matched``
+    (≥ 2 participants), and the clock offsets per part: what :func:`add_collectives` builds
+    the rendezvous from, and the partitioned job path plans with (``sim/job_parts.py``).
+    Notes go to ``b`` when given."""
+    from xpuprof.analysis.comm import collectives
+
+    offsets = {p: 0 for p in parts}
+    ranks = [r for p in parts if (r := _rank_of(trace, p)) is not None]
+    res = collectives(trace, ranks=ranks if len(ranks) == len(parts) else None, align=align)
+    table = res.tables["collectives"]
+    if "clock" in res.tables:
+        _offsets(b if b is not None else Builder(), table, res.tables["clock"], offsets)
+    m = ours.merge(
+        table[["id", "participant", "process_group", "seq", "group_size"]], on="id", how="left"
+    )
+    m["key"] = m["process_group"].astype(str) + "#" + m["seq"].astype(str)
+    n_part = m.groupby("key")["participant"].transform("nunique")
+    m["matched"] = ((n_part >= 2) & m["seq"].notna()).to_numpy(bool)
+    return m, offsets
 
 
 def _offsets(b: Builder, table: pd.DataFrame, clock: pd.DataFrame, offsets: dict) -> None:
@@ -143,3 +158,44 @@ def _rank_of(trace: Trace, part: int) -> int | None:
         if int(s["part"]) == part:
             return s.get("rank")
     return None
+
+
+def add_planned(b: Builder, plan: pd.DataFrame) -> np.ndarray:
+    """The rendezvous of one part's matched collectives from a plan made over the whole job
+    (``sim/job_parts.py``), so that the part's graph alone is the job's graph around that part:
+    per collective ``key`` of ``plan`` (``id``, ``key``, ``transfer_ns``: the last
+    participant's duration, ``rendezvous_ns``: its aligned start, ``arrival_ns``: when the
+    other parts' last participant arrived), a rendezvous node fed by the part's own starts
+    and by a pinned *foreign* node at ``arrival_ns`` (a timeline head without inputs keeps its
+    time), and rendezvous → each end (``transfer_ns``), as :func:`_rendezvous` does. The part's
+    collectives absent from the plan matched nothing: measured duration. Returns the
+    rendezvous node of each plan key, in the order of ``plan``'s unique keys."""
+    if not len(plan):
+        return np.empty(0, np.int64)
+    ours = pd.concat([c for c in b.coll_nodes.values() if len(c)] or [pd.DataFrame(
+        {"id": [], "start": [], "end": [], "dur": [], "host": []})], ignore_index=True)  # fmt: skip
+    if ours["host"].astype(bool).any():
+        from xpuprof.core.errors import XpuprofError
+
+        raise XpuprofError("host collectives (gloo) cannot be replayed part by part")
+    m = ours.merge(plan, on="id", how="inner")  # the others matched nothing: measured
+    keys = pd.unique(plan["key"])
+    k = len(keys)
+    if not k:
+        return np.empty(0, np.int64)
+    per = plan.drop_duplicates("key").set_index("key").reindex(keys)
+    none = np.full(k, -1)
+    rz = b.add_nodes(none, np.full(k, RENDEZVOUS), -1, per["rendezvous_ns"].to_numpy(np.int64),
+                     np.ones(k, bool), {"kind": np.full(k, VIRTUAL), "part": none, "pid": none,
+                                        "tid": none, "device": none, "stream": none})  # fmt: skip
+    r_node = pd.Series(rz + np.arange(k), index=keys)
+    node_of = r_node.reindex(m["key"]).to_numpy()
+    b.add_edges(m["start"].to_numpy(), node_of, COLLECTIVE, 0, False)
+    t_ns = per["transfer_ns"].reindex(m["key"]).to_numpy(np.int64)
+    b.add_edges(node_of, m["end"].to_numpy(), COLLECTIVE, t_ns, False)
+    foreign = b.add_nodes(none, np.full(k, RENDEZVOUS), -1, per["arrival_ns"].to_numpy(np.int64),
+                          np.ones(k, bool), {"kind": np.full(k, VIRTUAL), "part": none,
+                                             "pid": none, "tid": none, "device": none,
+                                             "stream": none})  # fmt: skip
+    b.add_edges(foreign + np.arange(k), rz + np.arange(k), COLLECTIVE, 0, False)
+    return rz + np.arange(k)

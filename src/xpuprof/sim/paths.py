@@ -15,6 +15,7 @@ from xpuprof.sim.graph import EDGE_KINDS, ReplayGraph
 if TYPE_CHECKING:
     from xpuprof.sim import engine
     from xpuprof.sim.replay import Replay
+    from xpuprof.trace.trace import Trace
 
 #: Edge kinds → the category of work the critical path reports.
 CATEGORY = {
@@ -87,15 +88,15 @@ class Walk:
         self.pred = pred
         self.cat = np.array([CATEGORIES.index(CATEGORY[k]) for k in EDGE_KINDS] +
                             [CATEGORIES.index("waiting")])[kind]  # kind -1: waiting  # fmt: skip
-        self._pred_list = pred.tolist()
-        self._time_list = sched.time.tolist()
+        self.pred_list = pred.tolist()
+        self.time_list = sched.time.tolist()
 
     def by_category(self, v: int, since: int) -> dict[str, int]:
         """Time per category on the critical path into point ``v`` back to the time ``since``
         (the last edge clipped there); a path that reaches the first point of a thread or
         stream (maybe another rank's, through a collective) later than ``since`` counts the
         rest as ``late start``. The categories sum to the time from ``since`` to ``v``."""
-        pred, t = self._pred_list, self._time_list
+        pred, t = self.pred_list, self.time_list
         path = []
         while t[v] > since and pred[v] >= 0:
             path.append(v)
@@ -150,7 +151,7 @@ def job_path(rep: Replay) -> pd.DataFrame:
         real = np.flatnonzero(g.nodes.part >= 0)
         z = int(real[np.argmax(sched.time[real])])
         since = int(sched.time[real].min())
-    pred, t = walk._pred_list, walk._time_list
+    pred, t = walk.pred_list, walk.time_list
     path = []
     v = z
     while t[v] > since and pred[v] >= 0:
@@ -184,12 +185,21 @@ def job_path(rep: Replay) -> pd.DataFrame:
 def job_path_tables(
     rep: Replay, top: int = 10
 ) -> tuple[dict[str, pd.DataFrame], dict[str, object]]:
-    """:func:`job_path` summarised: ``path`` (per rank and category: ns on the job's critical
-    path and its share of the path), ``path_events`` (the ``top`` events the path spends most
-    time in, with rank and name), ``path_ranks`` (the path as runs of one rank: where it
+    """:func:`job_path` of the replay ``rep`` summarised by :func:`path_tables`."""
+    return path_tables(job_path(rep), rep.trace, rep.graph.ranks, top)
+
+
+def path_tables(
+    seg: pd.DataFrame, trace: Trace, ranks: dict[int, int | None], top: int = 10
+) -> tuple[dict[str, pd.DataFrame], dict[str, object]]:
+    """The job's critical path ``seg`` (:data:`JOB_PATH_COLUMNS`: the whole replay's
+    :func:`job_path`, or the partitioned ``sim.job_parts.job_path_parts``) summarised:
+    ``path`` (per rank and category: ns on the job's critical path and its share of the
+    path), ``path_events`` (the ``top`` events the path spends most time in, with rank and
+    name: one query on their ids), ``path_ranks`` (the path as runs of one rank: where it
     crosses to another rank through a collective), and facts ``path_ns``, ``path_rank`` (the
-    rank holding most of it), ``path_rank_share`` (%), ``path_crossings``."""
-    seg = job_path(rep)
+    rank holding most of it; ``ranks``: part → rank), ``path_rank_share`` (%),
+    ``path_crossings``."""
     if seg.empty:
         return {}, {}
     total = int(seg["ns"].sum())
@@ -198,7 +208,7 @@ def job_path_tables(
     per = per.sort_values("ns", ascending=False).reset_index(drop=True)
     ev = seg[seg["event"] >= 0].groupby(["rank", "event", "category"], dropna=False)["ns"]
     ev = ev.sum().reset_index().sort_values("ns", ascending=False).head(top)
-    names = rep.trace.sql(
+    names = trace.sql(
         f"select id as event, name from events where id in "
         f"({', '.join(map(str, ev['event'].tolist())) or 'null'})"
     )
@@ -213,7 +223,7 @@ def job_path_tables(
     top_part = int(by_rank.index[0])
     facts: dict[str, object] = {
         "path_ns": total,
-        "path_rank": rep.graph.ranks.get(top_part),
+        "path_rank": ranks.get(top_part),
         "path_rank_share": round(100 * float(by_rank.iloc[0]) / total, 1),
         "path_crossings": int(len(runs) - 1),
     }

@@ -157,8 +157,8 @@ def replay(
         from xpuprof.core.errors import XpuprofError
 
         raise XpuprofError(f"align={align!r}: expected one of {', '.join(ALIGN)}")
-    parts = _parts(trace, ranks)
-    windows = _windows(trace, parts, steps)
+    parts = replayed_parts(trace, ranks)
+    windows = step_windows(trace, parts, steps)
     key = ("sim.replay_graph", tuple(parts), tuple(sorted(windows.items())), align)
     if key not in trace.memo:
         trace.memo[key] = replay_graph(trace, parts, windows, align)
@@ -184,7 +184,8 @@ def run(graph: ReplayGraph, delays: np.ndarray | None = None,
                            e.dst[cross], d[cross])  # fmt: skip
 
 
-def _parts(trace: Trace, ranks: Iterable[int] | None) -> list[int]:
+def replayed_parts(trace: Trace, ranks: Iterable[int] | None) -> list[int]:
+    """The parts of the ranks ``ranks`` (None: all); no such rank: an error naming them."""
     from xpuprof.core.errors import XpuprofError
 
     parts = [(int(s["part"]), s.get("rank")) for s in trace.sources]
@@ -198,7 +199,9 @@ def _parts(trace: Trace, ranks: Iterable[int] | None) -> list[int]:
     return out
 
 
-def _windows(trace: Trace, parts: list[int], steps: StepSelection) -> dict[int, tuple[int, int]]:
+def step_windows(
+    trace: Trace, parts: list[int], steps: StepSelection
+) -> dict[int, tuple[int, int]]:
     """Per part, the window of host start times of the selected steps (none: no window)."""
     from xpuprof.analysis.common import step_mode
 

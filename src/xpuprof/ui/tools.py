@@ -430,20 +430,17 @@ def ranks(
     path: bool | None = None, workers: int | None = None, scheduler: str | None = None,
 ) -> Result:  # fmt: skip
     """Cross-rank views (:func:`xpuprof.analysis.ranks.rank_steps`: step time per rank and
-    step, the rank holding each step back and why, wait vs transfer per rank) and, with
-    ``path``, the job's critical path across ranks through the replay graph
-    (:func:`xpuprof.sim.paths.job_path_tables`; by default below 32 ranks only: the replay
-    holds the whole job in one process)."""
-    from xpuprof.analysis.per_rank import DASK_MIN_PARTS
+    step, the rank holding each step back and why, wait vs transfer per rank) and, unless
+    ``path`` is False, the job's critical path across ranks through the identity replay
+    (:func:`xpuprof.sim.paths.path_tables`): the whole replay in one process below 32 ranks,
+    from 32 up (or on Dask: ``workers``/``scheduler``) one replay task per rank
+    (:func:`xpuprof.sim.job_parts.job_path_parts`, the same answer)."""
     from xpuprof.analysis.ranks import rank_steps
 
     res = rank_steps(trace, ranks=ranks, steps=steps, workers=workers, scheduler=scheduler)
-    n = res.facts.get("ranks", 0)
-    if path is None and n >= DASK_MIN_PARTS and "steps" in res.tables:
-        res.notes.append(f"the job's critical path replays all {n} ranks in one process: left "
-                         f"out from {DASK_MIN_PARTS} ranks up (--path to ask for it)")  # fmt: skip
-    elif (path or path is None) and "steps" in res.tables:
-        _job_path(trace, ranks, steps, res)
+    if path is not False and "steps" in res.tables:
+        _job_path(trace, ranks, steps, res, forced=bool(path), workers=workers,
+                  scheduler=scheduler)  # fmt: skip
     if "steps" in res.tables and _one_part_per_rank(res.tables["steps"]):
         res.tables = {k: v.drop(columns="part", errors="ignore") for k, v in res.tables.items()}
     return res
@@ -456,13 +453,46 @@ def _one_part_per_rank(steps: Any) -> bool:
     )
 
 
-def _job_path(trace: Trace, ranks: Iterable[int] | None, steps: StepSelection,
-              res: Result) -> None:  # fmt: skip
-    """Add the job's critical path across ranks (the replay's) to the ranks tool's answer."""
-    from xpuprof.sim import replay as run_replay
-    from xpuprof.sim.paths import job_path_tables
+def _job_path(trace: Trace, ranks: Iterable[int] | None, steps: StepSelection, res: Result,
+              *, forced: bool = False, workers: int | None = None,
+              scheduler: str | None = None) -> None:  # fmt: skip
+    """Add the job's critical path across ranks (the replay's) to the ranks tool's answer:
+    partitioned (one replay task per rank) from :data:`~xpuprof.analysis.per_rank.
+    DASK_MIN_PARTS` ranks up or on Dask, else the whole replay; where the partition is not
+    possible (host collectives, no steps, a cycle across ranks) the whole replay below 32
+    ranks or when ``forced`` (``--path``), else a note."""
+    from xpuprof.analysis.per_rank import DASK_MIN_PARTS, on_dask, selected_parts
+    from xpuprof.sim.paths import job_path_tables, path_tables
 
-    tables, facts = job_path_tables(run_replay(trace, ranks=ranks, steps=steps))
+    n = len(selected_parts(trace, ranks))
+    tables: dict[str, Any] = {}
+    facts: dict[str, Any] = {}
+    whole = True
+    if n >= DASK_MIN_PARTS or on_dask(n, workers, scheduler):
+        from xpuprof.sim.job_parts import NotPartitioned, job_path_parts
+
+        try:
+            seg = job_path_parts(trace, ranks=ranks, steps=steps, workers=workers,
+                                 scheduler=scheduler)  # fmt: skip
+            ranks_of = {int(s["part"]): s.get("rank") for s in trace.sources}
+            tables, facts = path_tables(seg, trace, ranks_of)
+            whole = False
+            res.notes.append(f"the job's critical path: replayed rank by rank ({n} replay "
+                             "tasks, each rank's graph alone, its collectives' rendezvous "
+                             "solved across ranks first): the whole replay's answer")  # fmt: skip
+        except NotPartitioned as e:
+            if n >= DASK_MIN_PARTS and not forced:
+                res.notes.append(f"the job's critical path is left out: it cannot be "
+                                 f"replayed rank by rank here ({e}), and from "
+                                 f"{DASK_MIN_PARTS} ranks up the whole replay of all {n} ranks "
+                                 "in one process is made only on --path")  # fmt: skip
+                return
+            res.notes.append("the job's critical path is the whole replay's, in one process: "
+                             f"it cannot be replayed rank by rank here ({e})")  # fmt: skip
+    if whole:
+        from xpuprof.sim import replay as run_replay
+
+        tables, facts = job_path_tables(run_replay(trace, ranks=ranks, steps=steps))
     if not tables:
         res.notes.append("the replay graph holds nothing to walk: no cross-rank critical path")
         return
@@ -817,8 +847,8 @@ TOOLS: tuple[Tool, ...] = (
          "Across ranks: step time per rank and step, the rank holding each step back and "
          "why, collective wait vs transfer per rank, and the job's critical path across ranks "
          "(docs/ranks.md).",
-         options=(Option("path", "Also the job's critical path across ranks (replays the "
-                                 "trace; default: below 32 ranks).", None, bool,
+         options=(Option("path", "The job's critical path across ranks (replays the trace: "
+                                 "rank by rank from 32 ranks up; on by default).", None, bool,
                          flag="--path/--no-path"),
                   Option("workers", "Dask workers for the per-rank analysis (default: one "
                                     "per core from 32 ranks up, else in this process).",
