@@ -278,3 +278,29 @@ def test_walks_on_an_empty_tree_find_nothing() -> None:
     for strict in (False, True):
         got = walk_up(empty, np.array([-1, -1]), np.empty(0, bool), strict=strict)
         assert got.tolist() == [-1, -1]
+
+
+def test_the_tree_of_some_ranks_reads_their_parts_alone(tmp_path) -> None:
+    """``Trace.tree(ranks)`` reads the files of those ranks' parts only (a rank of a job of
+    hundreds costs one rank): three ranks, the tree of rank 1 holds rank 1's host events
+    (the SQL count), its lazy columns load from the same files, and no other part's file is
+    opened (the other parts' files are removed before the read)."""
+    import xpuprof
+
+    files = []
+    for r in range(3):
+        tb = TraceBuilder(rank=r, world_size=3)
+        tb.step(0, 0, 100)
+        for i in range(r + 2):
+            tb.op(f"aten::op{i}", 10 * i, 5)
+        files.append(tb.write(tmp_path / f"rank{r}.json"))
+    xpuprof.import_traces(files, tmp_path / "job.store")
+    with xpuprof.load(tmp_path / "job.store") as t:
+        want = t.sql("select id, ts from events where rank = 1 and device = -1 order by id")
+        for s in t.sources:
+            if s["rank"] != 1:
+                (t.path / s["files"]["events"]).unlink()
+        tree = t.tree([1], host_only=True)
+        assert tree.ids.tolist() == want["id"].tolist()
+        tree.load("ts")
+        assert tree.loaded["ts"].tolist() == want["ts"].tolist()

@@ -174,14 +174,21 @@ class Trace:
             self._checked.add(table)
         return [self.path / f for f in st.files_of(self.manifest, table)]
 
-    def table(self, name: str, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
-        """One table as Arrow, all parts together (optionally a subset of columns / rows)."""
+    def table(self, name: str, columns: list[str] | None = None, filters: Any = None,
+              parts: Iterable[int] | None = None) -> pa.Table:  # fmt: skip
+        """One table as Arrow, all parts together (optionally a subset of columns / rows, or
+        of ``parts``: only their files are read, so one rank of a big job costs one rank)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         from xpuprof.core.schema import SCHEMAS
 
         files = self.files(name)
+        if parts is not None:
+            want = {int(p) for p in parts}
+            mine = {self.path / s["files"][name] for s in self.sources
+                    if int(s["part"]) in want and s["files"].get(name)}  # fmt: skip
+            files = [f for f in files if f in mine]
         schema = SCHEMAS[name]
         if not files:
             t = schema.empty_table()

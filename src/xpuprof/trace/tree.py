@@ -511,17 +511,19 @@ def dictionary_codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.nd
 @dataclass(eq=False)
 class _Source:
     """Where a tree's rows come from: the Trace (weakly: the tree lives in its memo), the rows
-    of its events table kept (None: all) and their order (None: as stored)."""
+    of its events table kept (None: all) and their order (None: as stored), of the files of
+    ``parts`` (None: all)."""
 
     trace: weakref.ref[Trace]
     keep: pa.Array | None
     order: pa.Array | None
+    parts: list[int] | None = None
 
     def read(self, columns: list[str]) -> pa.Table:
         trace = self.trace()
         if trace is None:
             raise XpuprofError("the Trace this event tree was read from is gone")
-        tb = trace.table("events", columns=columns)
+        tb = trace.table("events", columns=columns, parts=self.parts)
         if self.keep is not None:
             tb = tb.filter(self.keep)
         return tb if self.order is None else tb.take(self.order)
@@ -558,7 +560,12 @@ def build(
     import pyarrow.compute as pc
 
     lazy = sorted({LAZY_COLUMNS[c] for c in columns})
-    tb = trace.table("events", columns=[*COLUMNS, *lazy])
+    parts = None  # the ranks' parts only: a rank of a job of hundreds reads its own files
+    if ranks is not None:
+        wanted = {int(r) for r in ranks}
+        parts = [int(s["part"]) for s in trace.sources
+                 if s.get("rank") is not None and int(s["rank"]) in wanted]  # fmt: skip
+    tb = trace.table("events", columns=[*COLUMNS, *lazy], parts=parts)
     keep = None
     if ranks is not None:
         keep = pc.is_in(tb["rank"], pa.array([int(r) for r in ranks], pa.int32()))
@@ -588,6 +595,6 @@ def build(
         names=names,
         parent=rows_in(ids, _int(tb["parent"]), is_sorted=True),
         stored_depth=_int(tb["depth"], 0),
-        source=_Source(weakref.ref(trace), keep, order),
+        source=_Source(weakref.ref(trace), keep, order, parts),
         loaded=_convert(tb.select(lazy)),
     )
