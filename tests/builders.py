@@ -27,6 +27,12 @@ from typing import Any
 
 HOST_PID = 100
 HOST_TID = 1
+#: An NCCL all-reduce kernel as PyTorch names it, and the ``record_param_comms`` args PyTorch
+#: (>= 2.2) copies onto it, for the default group of a 4-rank job (1 Mi floats each way).
+ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+ALLREDUCE_ARGS_4 = {"Collective name": "allreduce", "In msg nelems": 1 << 20,
+                    "Out msg nelems": 1 << 20, "Group size": 4, "dtype": "Float",
+                    "Process Group Name": "0", "Process Group Ranks": "[0, 1, 2, 3]"}  # fmt: skip
 
 
 class TraceBuilder:

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 import xpuprof
-from tests.builders import TraceBuilder
+from tests.builders import ALLREDUCE, TraceBuilder
+from tests.builders import ALLREDUCE_ARGS_4 as ARGS
 from xpuprof.sim import replay
 from xpuprof.sim.graph import RENDEZVOUS
 from xpuprof.sim.job_parts import NotPartitioned, job_path_parts
@@ -21,10 +22,6 @@ from xpuprof.sim.paths import job_path
 from xpuprof.ui import tools
 
 US = 1000
-ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
-ARGS = {"Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20,
-        "Group size": 4, "dtype": "Float", "Process Group Name": "0",
-        "Process Group Ranks": "[0, 1, 2, 3]"}  # fmt: skip
 #: The straggler of each step and its "prep" (µs; every other rank's takes 10 µs).
 STRAGGLER = {0: (1, 60), 1: (3, 110), 2: (2, 40)}
 

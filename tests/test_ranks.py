@@ -15,17 +15,14 @@ import pandas as pd
 import pytest
 
 import xpuprof
-from tests.builders import TraceBuilder
+from tests.builders import ALLREDUCE, TraceBuilder
+from tests.builders import ALLREDUCE_ARGS_4 as ARGS
 from tests.conftest import cli
 from tests.conftest import shared as shared_trace
 from xpuprof.analysis.ranks import rank_steps
 from xpuprof.ui import tools
 
 US = 1000
-ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
-ARGS = {"Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20,
-        "Group size": 4, "dtype": "Float", "Process Group Name": "0",
-        "Process Group Ranks": "[0, 1, 2, 3]"}  # fmt: skip
 
 
 def _job(tmp_path, prep: dict[tuple[int, int], float], late: dict[tuple[int, int], float]):

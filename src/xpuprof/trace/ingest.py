@@ -722,10 +722,7 @@ def _import_locked(
         if problem:
             raise XpuprofError(problem)
         manifest = st.new_manifest(keep + results)
-        if old is None:
-            st.commit_new(staging, root, manifest)
-        else:
-            st.commit_into(root, staging, results, manifest)
+        st.commit(root, staging, old, results, manifest)
     finally:
         st.discard(staging)  # gone already after a new store's rename
     return ImportReport.of(root, manifest, t0, n_workers, [s["path"] for s in keep])

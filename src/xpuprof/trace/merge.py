@@ -339,10 +339,7 @@ def merge_stores(
         try:
             entries = [_copy_part(r, s, new, staging, advance) for r, s, new in plan]
             manifest = st.new_manifest(entries)
-            if old is None:
-                st.commit_new(staging, root, manifest)
-            else:
-                st.commit_into(root, staging, entries, manifest)
+            st.commit(root, staging, old, entries, manifest)
         finally:
             st.discard(staging)  # gone already after a new store's rename
     return ImportReport.of(root, manifest, t0, 1)

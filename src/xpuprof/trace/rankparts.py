@@ -157,8 +157,5 @@ def _commit(root: Path, staging: Path, entry: dict[str, Any], me: dict[str, Any]
     if problem:
         raise XpuprofError(problem)
     manifest = st.new_manifest([*sources, entry])
-    if old is None:
-        st.commit_new(staging, root, manifest)
-    else:
-        st.commit_into(root, staging, [entry], manifest)
+    st.commit(root, staging, old, [entry], manifest)
     return manifest

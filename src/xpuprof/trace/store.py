@@ -249,6 +249,17 @@ def commit_new(staging: Path, root: Path, manifest: dict[str, Any]) -> None:
     sync_dirs([root.parent])
 
 
+def commit(root: Path, staging: Path, old: dict[str, Any] | None,
+           results: list[dict[str, Any]], manifest: dict[str, Any]) -> None:  # fmt: skip
+    """Commit what ``staging`` holds: a new store's one rename (:func:`commit_new`, no
+    ``old`` manifest), or the new parts ``results`` moved into the existing store
+    (:func:`commit_into`). Hold the store's lock."""
+    if old is None:
+        commit_new(staging, root, manifest)
+    else:
+        commit_into(root, staging, results, manifest)
+
+
 def commit_into(
     root: Path, staging: Path, results: list[dict[str, Any]], manifest: dict[str, Any]
 ) -> None:
