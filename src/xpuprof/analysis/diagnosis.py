@@ -38,7 +38,7 @@ from xpuprof.core.text import human_time
 fmt_ns = human_time
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from xpuprof.trace.trace import Trace
 
@@ -92,17 +92,20 @@ def diagnosis(
     as a whole), ``bottleneck_ns_per_step``, ``bottleneck_share``, ``steps``, ``path``
     (``graph``, or ``device`` when no host work is linked to the device).
     """
-    key = _memo_key(ranks, steps, top)
+    return _memoised(trace, ranks, steps, top, lambda: _diagnosis(trace, ranks, steps, top))
+
+
+def _memoised(trace: Trace, ranks: Iterable[int] | None, steps: StepSelection, top: int,
+              make: Callable[[], Result]) -> Result:  # fmt: skip
+    """The diagnosis of this selection kept on ``trace.memo`` (made by ``make`` the first
+    time), as a copy the caller may change."""
+    mode, numbers = step_mode(steps)
+    key = ("analysis.diagnosis", None if ranks is None else tuple(sorted(int(r) for r in ranks)),
+           mode, None if numbers is None else tuple(numbers), int(top))  # fmt: skip
     if key not in trace.memo:
-        trace.memo[key] = _diagnosis(trace, ranks, steps, top)
+        trace.memo[key] = make()
     done = trace.memo[key]
     return Result(tables=dict(done.tables), notes=list(done.notes), facts=dict(done.facts))
-
-
-def _memo_key(ranks: Iterable[int] | None, steps: StepSelection, top: int) -> tuple:
-    mode, numbers = step_mode(steps)
-    return ("analysis.diagnosis", None if ranks is None else tuple(sorted(int(r) for r in ranks)),
-            mode, None if numbers is None else tuple(numbers), int(top))  # fmt: skip
 
 
 def from_parts(trace: Trace, parts: list[int], got: dict[int, Any], *,
@@ -111,12 +114,13 @@ def from_parts(trace: Trace, parts: list[int], got: dict[int, Any], *,
     """The diagnosis made of :func:`part_diagnosis` answers that another tool's per-rank
     tasks computed (``got``: part → answer; the overview runs both in one task per rank, so
     a rank is opened once), memoised as :func:`diagnosis` itself would be."""
-    key = _memo_key(ranks, steps, top)
-    if key not in trace.memo:
-        res = Result(facts={"steps": 0})
-        trace.memo[key] = _result(trace, res, *_joined(parts, got))
-    done = trace.memo[key]
-    return Result(tables=dict(done.tables), notes=list(done.notes), facts=dict(done.facts))
+    return _memoised(
+        trace,
+        ranks,
+        steps,
+        top,
+        lambda: _result(trace, Result(facts={"steps": 0}), *_joined(parts, got)),
+    )
 
 
 def step_times(trace: Trace, *, ranks: Iterable[int] | None = None,
@@ -162,6 +166,8 @@ def _diagnosis(trace: Trace, ranks, steps: StepSelection, top: int) -> Result:
 def _result(trace: Trace, res: Result, per_step: pd.DataFrame | None, events: pd.DataFrame,
             notes: list[str]) -> Result:  # fmt: skip
     """The diagnosis' tables and facts from its per-step table and events (all parts)."""
+    from xpuprof.analysis.headline import facts  # it reads this module's tables
+
     res.notes += notes
     if per_step is None:
         res.notes.append("no steps selected and no events: nothing to diagnose")
@@ -170,8 +176,6 @@ def _result(trace: Trace, res: Result, per_step: pd.DataFrame | None, events: pd
     per_step = per_step[[c for c in per_step.columns if not c.startswith("_idle_")]]
     res.tables["steps"] = per_step
     res.tables["events"] = events
-    from xpuprof.analysis.headline import facts
-
     res.facts = facts(trace, res.tables)
     return res
 

@@ -123,10 +123,7 @@ def _rendezvous(b: Builder, mm: pd.DataFrame, offsets: dict[int, int]) -> None:
         for p, g in miss.groupby("part"):
             b.unmodel(int(p), "collective", g["id"].to_numpy(),
                       "a rank of its process group is missing from the store")  # fmt: skip
-    none = np.full(k, -1)
-    rz = b.add_nodes(none, np.full(k, RENDEZVOUS), -1, last["astart"].to_numpy(),
-                     np.ones(k, bool), {"kind": np.full(k, VIRTUAL), "part": none, "pid": none,
-                                        "tid": none, "device": none, "stream": none})  # fmt: skip
+    rz = _virtual_nodes(b, last["astart"].to_numpy())
     r_node = pd.Series(rz + np.arange(k), index=keys).reindex(mm["key"]).to_numpy()
     t_ns = pd.Series(last["dur"].to_numpy(), index=keys).reindex(mm["key"]).to_numpy()
     starts = mm["start"].to_numpy()
@@ -151,6 +148,16 @@ def _rendezvous(b: Builder, mm: pd.DataFrame, offsets: dict[int, int]) -> None:
                    + (f"; {int(alone.sum())} host collectives that ended before the last "
                       "participant arrived (a broadcast's root) keep their own end"
                       if alone.any() else ""))  # fmt: skip
+
+
+def _virtual_nodes(b: Builder, times: np.ndarray) -> int:
+    """One rendezvous-kind virtual node per time (no event, no part, each its own timeline
+    head: a head without inputs keeps its time); the first one's number."""
+    k = len(times)
+    none = np.full(k, -1)
+    return b.add_nodes(none, np.full(k, RENDEZVOUS), -1, times, np.ones(k, bool),
+                       {"kind": np.full(k, VIRTUAL), "part": none, "pid": none, "tid": none,
+                        "device": none, "stream": none})  # fmt: skip
 
 
 def _rank_of(trace: Trace, part: int) -> int | None:
@@ -184,18 +191,12 @@ def add_planned(b: Builder, plan: pd.DataFrame) -> np.ndarray:
     if not k:
         return np.empty(0, np.int64)
     per = plan.drop_duplicates("key").set_index("key").reindex(keys)
-    none = np.full(k, -1)
-    rz = b.add_nodes(none, np.full(k, RENDEZVOUS), -1, per["rendezvous_ns"].to_numpy(np.int64),
-                     np.ones(k, bool), {"kind": np.full(k, VIRTUAL), "part": none, "pid": none,
-                                        "tid": none, "device": none, "stream": none})  # fmt: skip
+    rz = _virtual_nodes(b, per["rendezvous_ns"].to_numpy(np.int64))
     r_node = pd.Series(rz + np.arange(k), index=keys)
     node_of = r_node.reindex(m["key"]).to_numpy()
     b.add_edges(m["start"].to_numpy(), node_of, COLLECTIVE, 0, False)
     t_ns = per["transfer_ns"].reindex(m["key"]).to_numpy(np.int64)
     b.add_edges(node_of, m["end"].to_numpy(), COLLECTIVE, t_ns, False)
-    foreign = b.add_nodes(none, np.full(k, RENDEZVOUS), -1, per["arrival_ns"].to_numpy(np.int64),
-                          np.ones(k, bool), {"kind": np.full(k, VIRTUAL), "part": none,
-                                             "pid": none, "tid": none, "device": none,
-                                             "stream": none})  # fmt: skip
+    foreign = _virtual_nodes(b, per["arrival_ns"].to_numpy(np.int64))
     b.add_edges(foreign + np.arange(k), rz + np.arange(k), COLLECTIVE, 0, False)
     return rz + np.arange(k)
