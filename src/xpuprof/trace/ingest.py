@@ -418,15 +418,23 @@ def _preload(jobs: list[tuple[Path, int]]) -> str:
         modules["xpuprof.formats.kineto.split"] = None  # for a file decoded in pieces
     if "forkserver" not in _start_methods():
         return "spawn"
-    import dask
-    from distributed.utils import get_mp_context
+    from multiprocessing import forkserver
 
-    # Dask sets its own preload list the first time it starts a process, over any set before:
-    # let it do so now, then add ours (read when the fork server starts, at the first import
-    # on Dask in this process)
-    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
-        get_mp_context()
+    # the server starts now, before this process imports Dask: it imports the same at once
+    # on the other core, and a worker forked from it is ready a second or so later
     multiprocessing.get_context("forkserver").set_forkserver_preload(["distributed", *modules])
+    forkserver.ensure_running()
+    import dask
+    from distributed import utils
+
+    # Dask sets its own preload list the first time it starts a process (over any set before,
+    # which no longer matters to a server that is running), after importing every package it
+    # knows of here to see which exist (0.8 s, on the way to the first file): say it is done
+    if isinstance(getattr(utils, "_forkserver_preload_set", None), bool):
+        utils._forkserver_preload_set = True
+    else:
+        with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+            utils.get_mp_context()
     return "forkserver"
 
 
@@ -494,7 +502,10 @@ def _run_on_dask(
             client = stack.enter_context(Client(scheduler))
             n_workers = len(client.scheduler_info().get("workers", {})) or workers
         else:
-            client = stack.enter_context(Client(stack.enter_context(_local_cluster(jobs, workers))))
+            cluster = stack.enter_context(_local_cluster(jobs, workers))
+            # by address: a client given the cluster itself waits for every worker to be up
+            # (the forked ones take a second or more), the one here could start at once
+            client = stack.enter_context(Client(cluster.scheduler_address))
             n_workers = workers
         return _submit_all(client, as_completed, jobs, staging, lenient, n_workers, total,
                            progress, hints)  # fmt: skip
