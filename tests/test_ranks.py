@@ -100,13 +100,19 @@ def test_a_late_start_is_named_as_the_cause(tmp_path):
 
 def test_job_critical_path_runs_through_the_slow_ranks_work(tmp_path):
     """In step 1 the path into the all-reduce's end comes from rank 2 (the last to arrive):
-    its 110 µs prep is on the job's critical path; no other rank's prep of that step is."""
+    its 110 µs prep is on the job's critical path; no other rank's prep of that step is. In
+    steps 0 and 2 every rank arrives together and the path takes one rank's 10 µs prep, so
+    the path passes "prep" three times in all: one row per rank and name, summed."""
     with xpuprof.load(_job(tmp_path, {(2, 1): 110}, {})) as t:
         res = tools.run("ranks", t)
     ev = res.tables["path_events"]
-    prep = ev[ev["name"] == "prep"]
-    assert (prep["time_ns"] == 110 * US).any()
-    assert set(prep.loc[prep["time_ns"] == 110 * US, "rank"]) == {2}
+    prep = ev[ev["name"] == "prep"].set_index("rank")
+    assert prep.index.is_unique  # one row per rank, not one per step
+    assert prep.loc[2, "max_ns"] == 110 * US
+    assert prep.loc[2, "time_ns"] == 110 * US + 10 * US * (prep.loc[2, "count"] - 1)
+    assert (prep.drop(index=2)["max_ns"] == 10 * US).all()
+    assert prep["count"].sum() == 3
+    assert prep["time_ns"].sum() == (110 + 10 + 10) * US
     assert res.facts["path_crossings"] >= 1
     runs = res.tables["path_ranks"]
     assert int(runs["time_ns"].sum()) == res.facts["path_ns"]

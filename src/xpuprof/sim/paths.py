@@ -189,31 +189,43 @@ def job_path_tables(
     return path_tables(job_path(rep), rep.trace, rep.graph.ranks, top)
 
 
+def _named_events(seg: pd.DataFrame, trace: Trace, total: int, top: int) -> pd.DataFrame:
+    """The ``top`` (rank, name, category) the path spends most time in, summed over their
+    events (a job's path passes the same op once per step: one row, with ``count`` events
+    and the longest one's time on the path, ``max_ns``). Names of the events on the path
+    come from one query on their ids."""
+    ev = seg[seg["event"] >= 0].groupby(["rank", "event", "category"], dropna=False)["ns"]
+    ev = ev.sum().reset_index()
+    ids = ", ".join(map(str, ev["event"].unique().tolist())) or "null"
+    names = trace.sql(f"select id as event, name from events where id in ({ids})")
+    ev = ev.merge(names, on="event", how="left")
+    ev["name"] = ev["name"].astype(object).where(ev["name"].notna(), "(unnamed)")
+    out = ev.groupby(["rank", "name", "category"], dropna=False).agg(
+        time_ns=("ns", "sum"), count=("ns", "size"), max_ns=("ns", "max")
+    )
+    out = out.reset_index().sort_values(["time_ns", "rank"], ascending=[False, True]).head(top)
+    out["share_pct"] = 100 * out["time_ns"] / total
+    return out.reset_index(drop=True)
+
+
 def path_tables(
     seg: pd.DataFrame, trace: Trace, ranks: dict[int, int | None], top: int = 10
 ) -> tuple[dict[str, pd.DataFrame], dict[str, object]]:
     """The job's critical path ``seg`` (:data:`JOB_PATH_COLUMNS`: the whole replay's
     :func:`job_path`, or the partitioned ``sim.job_parts.job_path_parts``) summarised:
     ``path`` (per rank and category: ns on the job's critical path and its share of the
-    path), ``path_events`` (the ``top`` events the path spends most time in, with rank and
-    name: one query on their ids), ``path_ranks`` (the path as runs of one rank: where it
-    crosses to another rank through a collective), and facts ``path_ns``, ``path_rank`` (the
-    rank holding most of it; ``ranks``: part → rank), ``path_rank_share`` (%),
-    ``path_crossings``."""
+    path), ``path_events`` (the ``top`` ops, kernels and other events by rank and name
+    that the path spends most time in, :func:`_named_events`), ``path_ranks`` (the path as
+    runs of one rank: where it crosses to another rank through a collective), and facts
+    ``path_ns``, ``path_rank`` (the rank holding most of it; ``ranks``: part → rank),
+    ``path_rank_share`` (%), ``path_crossings``."""
     if seg.empty:
         return {}, {}
     total = int(seg["ns"].sum())
     per = seg.groupby(["rank", "part", "category"], dropna=False)["ns"].sum().reset_index()
     per["share_pct"] = 100 * per["ns"] / total
     per = per.sort_values("ns", ascending=False).reset_index(drop=True)
-    ev = seg[seg["event"] >= 0].groupby(["rank", "event", "category"], dropna=False)["ns"]
-    ev = ev.sum().reset_index().sort_values("ns", ascending=False).head(top)
-    names = trace.sql(
-        f"select id as event, name from events where id in "
-        f"({', '.join(map(str, ev['event'].tolist())) or 'null'})"
-    )
-    ev = ev.merge(names, on="event", how="left")
-    ev["share_pct"] = 100 * ev["ns"] / total
+    ev = _named_events(seg, trace, total, top)
     change = np.r_[True, seg["part"].to_numpy()[1:] != seg["part"].to_numpy()[:-1]]
     run = np.cumsum(change) - 1
     runs = seg.groupby(run).agg(rank=("rank", "first"), part=("part", "first"),
@@ -228,10 +240,9 @@ def path_tables(
         "path_crossings": int(len(runs) - 1),
     }
     per = per.rename(columns={"ns": "time_ns"})
-    ev = ev.rename(columns={"ns": "time_ns"})
     runs = runs.rename(columns={"ns": "time_ns"}).reset_index(drop=True)
     return {
         "path": per[["rank", "part", "category", "time_ns", "share_pct"]],
-        "path_events": ev[["rank", "name", "category", "time_ns", "share_pct"]],
+        "path_events": ev[["rank", "name", "category", "time_ns", "share_pct", "count", "max_ns"]],
         "path_ranks": runs,
     }, facts

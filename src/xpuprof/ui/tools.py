@@ -868,7 +868,8 @@ TOOLS: tuple[Tool, ...] = (
                                        units=(("share_pct", "%"),)),
                   "path_events": Presentation(title="where the job's critical path spends "
                                                     "its time", units=(("time_ns", "ns"),
-                                                                       ("share_pct", "%"))),
+                                                                       ("share_pct", "%"),
+                                                                       ("max_ns", "ns"))),
                   "path_ranks": Presentation(title="the job's critical path, rank by rank",
                                              units=(("start", "ts"), ("end", "ts")))}),
     Tool("critical-path", "xpuprof.analysis.critical_path:critical_path",
