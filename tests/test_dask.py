@@ -43,3 +43,37 @@ def test_import_through_a_scheduler_address_equals_in_process(ranks, tmp_path) -
     # the workers' files are complete and listed; no lock or build folder stays behind
     assert verify(tmp_path / "remote.store") == [] and verify(tmp_path / "local.store") == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local.store", "remote.store"]
+
+
+def _nap(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+def test_files_are_fed_to_free_workers_only() -> None:
+    """A file is submitted only when a worker thread is free for it: with one thread, the
+    next task goes out only once the one before has ended (Dask's own queueing would have
+    handed both to that worker at once when there are few files, leaving a worker that joins
+    later with nothing); every task's answer comes back, each once."""
+    from dask.distributed import Client, LocalCluster
+
+    from xpuprof.trace.ingest import _fed
+
+    jobs = [(Path(f"f{i}"), i) for i in range(3)]
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client:  # fmt: skip
+        sent: list = []
+        seen_done: list[list[bool]] = []
+
+        def submit(job):
+            seen_done.append([f.done() for f in sent])
+            fut = client.submit(_nap, 0.2, key=f"import-{job[1]}")
+            sent.append(fut)
+            return fut
+
+        ended = [f.key for f in _fed(client, jobs, submit, [], False)]
+    assert sorted(ended) == ["import-0", "import-1", "import-2"]
+    # each submission found every earlier task done: never two on the one thread
+    assert seen_done == [[], [True], [True, True]]

@@ -495,7 +495,7 @@ def _run_on_dask(
     progress: Progress | None,
     hints: dict[Path, RankHint],
 ) -> tuple[list[dict[str, Any]], int]:
-    from dask.distributed import Client, as_completed
+    from dask.distributed import Client
 
     with contextlib.ExitStack() as stack:
         if scheduler:
@@ -507,7 +507,7 @@ def _run_on_dask(
             # (the forked ones take a second or more), the one here could start at once
             client = stack.enter_context(Client(cluster.scheduler_address))
             n_workers = workers
-        return _submit_all(client, as_completed, jobs, staging, lenient, n_workers, total,
+        return _submit_all(client, jobs, staging, lenient, n_workers, total,
                            progress, hints)  # fmt: skip
 
 
@@ -529,8 +529,15 @@ def _local_cluster(jobs: list[tuple[Path, int]], workers: int) -> Iterator[Any]:
     here = {"host": "127.0.0.1", "dashboard": False}
     memory = parse_memory_limit("auto", 1, workers, logger=logging.getLogger("distributed"))
     opts = {**here, "nthreads": 1, "memory_limit": memory}
-    # the Nanny reads the start method when it starts its process, after this returns
-    with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+    # the Nanny reads the start method when it starts its process, after this returns; the
+    # scheduler hands a worker its next file only when it is free (Dask's default gives a
+    # one-thread worker two at a time: the last file could wait behind another while the
+    # other worker had nothing left)
+    config = {
+        "distributed.worker.multiprocessing-method": method,
+        "distributed.scheduler.worker-saturation": 1.0,
+    }
+    with dask.config.set(config):
         cluster = SpecCluster(
             workers={"here": {"cls": Worker, "options": opts}},
             scheduler={"cls": Scheduler, "options": {**here, "dashboard_address": "127.0.0.1:0"}},
@@ -546,7 +553,6 @@ def _local_cluster(jobs: list[tuple[Path, int]], workers: int) -> Iterator[Any]:
 
 def _submit_all(
     client: Any,
-    as_completed: Any,
     jobs: list[tuple[Path, int]],
     staging: Path,
     lenient: bool,
@@ -565,11 +571,11 @@ def _submit_all(
     if plans:
         spill.mkdir(exist_ok=True)
     pieces: dict[int, list[Any]] = {}
+    whole: list[tuple[Path, int]] = []  # files imported in one task, fed to free workers
     for p, part in ordered:
         plan = plans.get(part)
         if plan is None:
-            futures.append(client.submit(import_file, str(p), part, str(staging), lenient,
-                                         None, hints.get(p), key=f"import-{part}"))  # fmt: skip
+            whole.append((p, part))
             continue
         pieces[part] = [
             client.submit(
@@ -604,11 +610,19 @@ def _submit_all(
         for part, plan in plans.items()
     ]
     futures.extend(combines)
-    waited = [f for f in futures if f.key.startswith("import-")]
     sizes = {f"import-{part}": _size(p) for p, part in ordered}
     results = []
     done = 0
-    for fut in as_completed(waited):
+
+    def submit(job: tuple[Path, int]) -> Any:
+        p, part = job
+        fut = client.submit(import_file, str(p), part, str(staging), lenient, None,
+                            hints.get(p), key=f"import-{part}")  # fmt: skip
+        futures.append(fut)
+        return fut
+
+    for fut in _fed(client, whole, submit, [f for f in futures if f.key.startswith("import-")],
+                    bool(plans)):  # fmt: skip
         try:
             results.append(fut.result())
         except BaseException:
@@ -621,6 +635,41 @@ def _submit_all(
     if plans:
         spill.rmdir()  # emptied by the tasks that put the pieces together
     return results, n_workers
+
+
+def _fed(
+    client: Any,
+    todo: list[tuple[Path, int]],
+    submit: Callable[[tuple[Path, int]], Any],
+    waited: list[Any],
+    all_at_once: bool,
+) -> Iterator[Any]:
+    """The import tasks as they end: ``waited`` (submitted already) and one per job of
+    ``todo``, submitted only when a worker thread is free for it, so a worker that joins
+    late (the forked ones, a second after the one in this process) gets the next file
+    rather than finding every file queued on the first worker (Dask queues tasks on the
+    scheduler only when there are more than twice as many as threads). ``all_at_once``:
+    everything submitted now (a file cut in pieces keeps the workers busy anyway)."""
+    from distributed import wait
+
+    todo = list(todo)
+    if all_at_once:
+        waited = waited + [submit(job) for job in todo]
+        todo = []
+    pending = set(waited)
+    while todo or pending:
+        if todo:
+            free = max(1, sum(client.nthreads().values())) - len(pending)
+            for _ in range(min(free, len(todo))):
+                pending.add(submit(todo.pop(0)))
+        try:
+            ended = wait(list(pending), timeout=0.2 if todo else None,
+                         return_when="FIRST_COMPLETED").done  # fmt: skip
+        except TimeoutError:  # no task ended: a worker may have joined
+            continue
+        for fut in ended:
+            pending.discard(fut)
+            yield fut
 
 
 def import_size(paths: list[str | Path]) -> int:
