@@ -77,3 +77,46 @@ def test_files_are_fed_to_free_workers_only() -> None:
     assert sorted(ended) == ["import-0", "import-1", "import-2"]
     # each submission found every earlier task done: never two on the one thread
     assert seen_done == [[], [True], [True, True]]
+
+
+def test_a_reader_registered_here_reaches_the_workers(ranks, tmp_path) -> None:
+    """A reader added with ``formats.register`` in the importing process is known to Dask
+    workers that never saw the call (separate processes of a cluster reached by address):
+    it travels with each task. The files, named for that reader alone, import as Kineto does
+    them in one process."""
+    import shutil
+
+    from dask.distributed import LocalCluster
+
+    from xpuprof.formats import Reader, register, unregister
+    from xpuprof.formats.kineto import READER as KINETO
+
+    src = tmp_path / "mine"
+    src.mkdir()
+    for r in range(2):
+        shutil.copy(ranks / f"rank{r}.json", src / f"rank{r}.mine")
+    mine = Reader(
+        name="mine",
+        description="Kineto JSON under another name",
+        suffixes=(".mine",),
+        read=KINETO.read,
+        sniff=lambda path: False,
+        category_levels=dict(KINETO.category_levels),
+        device_categories=KINETO.device_categories,
+    )
+    register(mine)
+    try:
+        with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cl:
+            report = xpuprof.import_traces([src], tmp_path / "mine.store",
+                                           scheduler=cl.scheduler_address)  # fmt: skip
+    finally:
+        unregister("mine")
+    assert report.workers == 2
+    assert sorted(s["format"] for s in report.sources) == ["mine", "mine"]
+    local = xpuprof.import_traces(
+        [ranks / "rank0.json", ranks / "rank1.json"], tmp_path / "kineto.store", workers=1
+    )
+    assert report.rows == local.rows
+    q = "select rank, level, count(*) as n, sum(dur) as d from events group by all order by all"
+    with xpuprof.load(tmp_path / "mine.store") as a, xpuprof.load(tmp_path / "kineto.store") as b:
+        assert a.sql(q).equals(b.sql(q))

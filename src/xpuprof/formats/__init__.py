@@ -164,14 +164,30 @@ def readers() -> list[Reader]:
 
 def register(reader: Reader) -> Reader:
     """Add a reader for this process (plug-ins installed as packages need no call: their entry
-    point is read on first need). Local Dask workers are forked, so they inherit it; workers of
-    a remote scheduler only know readers installed as plug-ins."""
+    point is read on first need). An import on Dask sends it to its workers with each task,
+    local or remote, so it must pickle (cloudpickle: functions of a script or a lambda do)."""
     with _REGISTRY.lock:
         problem = _invalid(reader, {r.name for r in readers()})
         if problem:
             raise XpuprofError(f"cannot register reader: {problem}")
         _REGISTRY.registered.append(reader)
     return reader
+
+
+def registered() -> tuple[Reader, ...]:
+    """The readers added with :func:`register` in this process: an import hands them to its
+    Dask workers with each task (a worker forked from the fork server, or one of a remote
+    cluster, never saw the call)."""
+    with _REGISTRY.lock:
+        return tuple(_REGISTRY.registered)
+
+
+def ensure(extra: tuple[Reader, ...]) -> None:
+    """Register each of ``extra`` this process does not know yet by name (a worker's side of
+    :func:`registered`)."""
+    with _REGISTRY.lock:
+        known = {r.name for r in readers()}
+        _REGISTRY.registered.extend(r for r in extra if r.name not in known)
 
 
 def unregister(name: str) -> None:
@@ -278,11 +294,13 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Reader",
     "Vocabulary",
+    "ensure",
     "find_reader",
     "get_reader",
     "reader_for",
     "readers",
     "register",
+    "registered",
     "suffixes",
     "unregister",
     "vocabulary",

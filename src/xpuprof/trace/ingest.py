@@ -181,12 +181,19 @@ def import_file(
     lenient: bool,
     progress: Progress | None = None,
     rank_hint: RankHint | None = None,
+    readers: tuple[Any, ...] = (),
 ) -> dict[str, Any]:
     """Read, normalize and write one source file; return its manifest entry. ``rank_hint``:
-    what :func:`rank_hints` found for it (default: the file name's ``rank<N>``).
+    what :func:`rank_hints` found for it (default: the file name's ``rank<N>``); ``readers``:
+    those registered in the importing process (``formats.registered``), for a worker that
+    does not know them.
 
     Runs inside a Dask worker for parallel imports, so it takes and returns plain data.
     """
+    if readers:
+        from xpuprof.formats import ensure
+
+        ensure(readers)
     p = Path(path)
     try:
         stat = p.stat()
@@ -614,10 +621,14 @@ def _submit_all(
     results = []
     done = 0
 
+    from xpuprof.formats import registered
+
+    extra = registered()
+
     def submit(job: tuple[Path, int]) -> Any:
         p, part = job
         fut = client.submit(import_file, str(p), part, str(staging), lenient, None,
-                            hints.get(p), key=f"import-{part}")  # fmt: skip
+                            hints.get(p), extra, key=f"import-{part}")  # fmt: skip
         futures.append(fut)
         return fut
 
