@@ -16,8 +16,9 @@ import xpuprof
 if TYPE_CHECKING:
     from builders import TraceBuilder
 
-#: How long the slow collate sleeps per batch (s).
-SLEEP_S = 0.03
+#: How long the slow collate sleeps per batch (s): several times the demo's step (~10 ms alone,
+#: 30-40 ms on a loaded 2-core VM), so that waiting for input is the bottleneck wherever it runs.
+SLEEP_S = 0.06
 STEPS = 6
 
 

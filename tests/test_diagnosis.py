@@ -17,7 +17,7 @@ import re
 
 import pytest
 from builders import TraceBuilder
-from captures import capture_layer_level, layer_level
+from captures import SLEEP_S, capture_layer_level, layer_level
 from conftest import EXAMPLE, shared
 
 import xpuprof
@@ -903,13 +903,13 @@ def test_a_layer_level_capture_is_judged_on_the_host_timeline(tmp_path) -> None:
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
     """Real level-layer captures of the demo model (``captures.capture_layer_level``), by
-    idiom and collate (slow: sleeps 30 ms; fast: does not), made once per module."""
+    idiom and collate (slow: sleeps ``SLEEP_S``; fast: does not), made once per module."""
     made = {}
 
     def get(idiom: str, slow: bool):
         if (idiom, slow) not in made:
             d = tmp_path_factory.mktemp(f"{idiom}{'_slow' if slow else '_fast'}")
-            made[idiom, slow] = capture_layer_level(d, idiom, 0.03 if slow else 0.0)
+            made[idiom, slow] = capture_layer_level(d, idiom, SLEEP_S if slow else 0.0)
         return made[idiom, slow]
 
     return get

@@ -168,12 +168,12 @@ def test_a_real_layer_level_capture(tmp_path, slow) -> None:
     level ``layer``: the input share comes from the same step windows as the input tool's
     and the diagnosis' (each starts where its batch fetch starts), and the layer spans are
     the host's compute."""
-    from captures import capture_layer_level
+    from captures import SLEEP_S, capture_layer_level
 
     from xpuprof.analysis.diagnosis import diagnosis
     from xpuprof.analysis.input_pipeline import input_pipeline
 
-    store, waited = capture_layer_level(tmp_path, "with", 0.03 if slow else 0.0)
+    store, waited = capture_layer_level(tmp_path, "with", SLEEP_S if slow else 0.0)
     with xpuprof.load(store) as t:
         res = overview(t)
         inp = input_pipeline(t)
@@ -187,7 +187,7 @@ def test_a_real_layer_level_capture(tmp_path, slow) -> None:
     assert summ.input_fraction == pytest.approx(inp.facts["input_fraction"])
     # compute: the top-level layer spans (the model's forward), not 0
     assert steps.compute_ns.sum() == layers.ns[0]
-    if slow:  # the stopwatch: steps 1-5 each wait ~30 ms of a ~40 ms window
+    if slow:  # the stopwatch: steps 1-5 each wait SLEEP_S (60 ms) of a ~70 ms window
         assert steps.input_ns.iloc[1:].sum() == pytest.approx(sum(waited[1:]) * 1e9, rel=0.1)
         assert summ.input_fraction > 0.4 and summ.bottleneck == "input-bound"
         assert res.facts["headline"] == dx.facts["headline"]

@@ -558,6 +558,55 @@ def _local_cluster(jobs: list[tuple[Path, int]], workers: int) -> Iterator[Any]:
             cluster.close()
 
 
+def _submit_pieces(
+    client: Any,
+    plans: dict[int, Any],
+    spill: Path,
+    staging: Path,
+    lenient: bool,
+    hints: dict[Path, RankHint],
+) -> list[Any]:
+    """Submit the pieces of each file cut in byte ranges and, per file, the task that puts
+    them together (keyed ``import-PART``); return all their futures."""
+    futures: list[Any] = []
+    combines = []
+    for part, plan in plans.items():
+        pieces = [
+            client.submit(
+                read_piece,
+                plan.path,
+                a,
+                z,
+                k == 0,
+                plan.layout,
+                str(spill),
+                f"{part:05d}-{k}",
+                lenient,
+                key=f"piece-{part}-{k}",
+            )  # fmt: skip
+            for k, (a, z) in enumerate(plan.ranges)
+        ]
+        futures.extend(pieces)
+        combines.append((part, plan, pieces))
+    # while the workers decode: the hash of each file cut in pieces, which no piece sees
+    # whole, then the task that puts its pieces together
+    for part, plan, pieces in combines:
+        futures.append(
+            client.submit(
+                import_pieces,
+                plan.to_dict(),
+                pieces,
+                _sha256(Path(plan.path)),
+                part,
+                str(staging),
+                lenient,
+                hints.get(Path(plan.path)),
+                key=f"import-{part}",
+            )  # fmt: skip
+        )
+    return futures
+
+
 def _submit_all(
     client: Any,
     jobs: list[tuple[Path, int]],
@@ -577,46 +626,8 @@ def _submit_all(
     spill = staging / _SPILL
     if plans:
         spill.mkdir(exist_ok=True)
-    pieces: dict[int, list[Any]] = {}
-    whole: list[tuple[Path, int]] = []  # files imported in one task, fed to free workers
-    for p, part in ordered:
-        plan = plans.get(part)
-        if plan is None:
-            whole.append((p, part))
-            continue
-        pieces[part] = [
-            client.submit(
-                read_piece,
-                plan.path,
-                a,
-                z,
-                k == 0,
-                plan.layout,
-                str(spill),
-                f"{part:05d}-{k}",
-                lenient,
-                key=f"piece-{part}-{k}",
-            )  # fmt: skip
-            for k, (a, z) in enumerate(plan.ranges)
-        ]
-        futures.extend(pieces[part])
-    # while the workers decode: the hash of each file cut in pieces, which no piece sees
-    # whole, then the task that puts its pieces together
-    combines = [
-        client.submit(
-            import_pieces,
-            plan.to_dict(),
-            pieces[part],
-            _sha256(Path(plan.path)),
-            part,
-            str(staging),
-            lenient,
-            hints.get(Path(plan.path)),
-            key=f"import-{part}",
-        )  # fmt: skip
-        for part, plan in plans.items()
-    ]
-    futures.extend(combines)
+    whole = [(p, part) for p, part in ordered if part not in plans]  # fed to free workers
+    futures.extend(_submit_pieces(client, plans, spill, staging, lenient, hints))
     sizes = {f"import-{part}": _size(p) for p, part in ordered}
     results = []
     done = 0

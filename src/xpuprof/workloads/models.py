@@ -46,8 +46,8 @@ recommender  28,296,513  DLRM-like CTR model: 26 sparse-gradient ``EmbeddingBag`
 ===========  ==========  ============================================================  =========
 
 Everything else trains with AdamW (lr 1e-3). fp16 on the CPU is slow (no fp16 arithmetic:
-3–15× fp32 here) and runs ``lstm``'s recurrent layers in fp32, since oneDNN has no fp16 LSTM;
-bf16 costs about what fp32 does here.
+3–15× fp32 here) and runs ``lstm``'s recurrent layers in fp32, since oneDNN has no fp16 LSTM
+(nor bf16 without AVX-512: bf16 does the same there); bf16 costs about what fp32 does here.
 
 By name (random weights, nothing downloaded; the package must be installed):
 
@@ -380,6 +380,13 @@ def _gpt(torch: Any, batch: int, gen: Any, _: Any) -> _Spec:
     return _Spec(GPT(), (data[:, :-1].contiguous(),), (data[:, 1:].contiguous(),), _next_token)
 
 
+def _cpu_lstm_runs(torch: Any, dtype: Any) -> bool:
+    """Whether oneDNN runs an LSTM in ``dtype`` on this CPU: never in fp16; in bf16 only where
+    it has bf16 at all (AVX-512 or AMX, not AVX2 alone)."""
+    bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    return dtype != torch.float16 and (dtype != torch.bfloat16 or bool(bf16()))
+
+
 def _lstm(torch: Any, batch: int, gen: Any, _: Any) -> _Spec:
     nn = torch.nn
     vocab, seq = 1000, 32
@@ -393,10 +400,11 @@ def _lstm(torch: Any, batch: int, gen: Any, _: Any) -> _Spec:
 
         def forward(self, tokens: Any) -> Any:
             x = self.embed(tokens)
-            cpu_fp16 = x.is_cpu and torch.is_autocast_enabled("cpu")
-            if cpu_fp16 and torch.get_autocast_dtype("cpu") == torch.float16:
-                # oneDNN has no fp16 LSTM on the CPU ("could not create a primitive
-                # descriptor"): there the recurrent layers run in fp32, the head in fp16.
+            cpu_amp = x.is_cpu and torch.is_autocast_enabled("cpu")
+            if cpu_amp and not _cpu_lstm_runs(torch, torch.get_autocast_dtype("cpu")):
+                # oneDNN has no fp16 LSTM on the CPU, nor a bf16 one without AVX-512 ("could
+                # not create a primitive descriptor"): there the recurrent layers run in fp32,
+                # the head in the lower precision.
                 with torch.autocast("cpu", enabled=False):
                     h = self.lstm(x.float())[0]
             else:
