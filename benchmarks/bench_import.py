@@ -148,10 +148,15 @@ def measure(
             rc = rc if rc else -9
         wall = time.perf_counter() - t0
         ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        tree_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-        other = max(0.0, _busy() - busy0 - tree_cpu)
+        busy = _busy() - busy0
         done.set()
         th.join()
+        # the waited-for descendants' CPU, exact; but a Dask worker forked from a fork server
+        # is reaped by that server, which no one here waits for: then the tree's own CPU
+        # times, last sampled (up to one interval short per process), are the larger
+        waited = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+        tree_cpu = max(waited, sum(v.get("cpu", 0.0) for v in per.values()))
+        other = max(0.0, busy - tree_cpu)
         out.seek(0)
         text = out.read().decode(errors="replace")
     return {
