@@ -537,9 +537,8 @@ def _local_cluster(jobs: list[tuple[Path, int]], workers: int) -> Iterator[Any]:
     memory = parse_memory_limit("auto", 1, workers, logger=logging.getLogger("distributed"))
     opts = {**here, "nthreads": 1, "memory_limit": memory}
     # the Nanny reads the start method when it starts its process, after this returns; the
-    # scheduler hands a worker its next file only when it is free (Dask's default gives a
-    # one-thread worker two at a time: the last file could wait behind another while the
-    # other worker had nothing left)
+    # pieces of a file cut in byte ranges go to a worker only when it is free (Dask's default
+    # gives a one-thread worker two at a time); whole files are fed so by :func:`_fed`
     config = {
         "distributed.worker.multiprocessing-method": method,
         "distributed.scheduler.worker-saturation": 1.0,
@@ -619,6 +618,8 @@ def _submit_all(
 ) -> tuple[list[dict[str, Any]], int]:
     """Submit every file (or its pieces and the task that puts them together), wait for them
     all; on the first failure cancel the rest and raise it."""
+    from xpuprof.formats import registered
+
     futures: list[Any] = []
     # biggest files first: the last task to start should be a small one
     ordered = sorted(jobs, key=lambda j: -_size(j[0]))
@@ -631,10 +632,7 @@ def _submit_all(
     sizes = {f"import-{part}": _size(p) for p, part in ordered}
     results = []
     done = 0
-
-    from xpuprof.formats import registered
-
-    extra = registered()
+    extra = registered()  # readers added in this process, which the workers may not know
 
     def submit(job: tuple[Path, int]) -> Any:
         p, part = job
