@@ -1,0 +1,129 @@
+"""A roomy C heap while a decoder runs, in a process whose heap thresholds were fixed at start.
+
+Why: glibc serves each allocation above ``M_MMAP_THRESHOLD`` with a fresh ``mmap`` (zeroed
+pages, faulted in one by one, unmapped again on free) and gives back the free top of its heap
+above ``M_TRIM_THRESHOLD``. By default both thresholds grow with what the program frees, so a
+decoder that builds and drops lists of megabytes per chunk soon reuses its heap. Setting either
+one at start freezes them: the mmap threshold stays at 128 KiB. Dask's Nanny starts every worker
+with ``MALLOC_TRIM_THRESHOLD_=65536`` (to give memory back between tasks), and there one 512 MB
+piece of a Kineto file decoded in 12-15 s instead of 9-10 s (benchmarks/RESULTS.md, "the
+worker's heap"). Workers forked from ingest's fork server are not affected (it starts before
+the Nanny sets the variable); those of a user's cluster (``--scheduler``) and spawned ones are.
+
+What :func:`roomy` does: only where glibc read such a setting when the process started (the
+environment the process was started with, ``/proc/self/environ``: a variable set later, as the
+Nanny sets it in its own process, was never read), it raises both thresholds for the length of
+the block and then puts back the values the process started with and trims the heap once, which
+is what the setting was for. Anywhere else it does nothing: setting a threshold would freeze the
+growing ones for good. Nested and concurrent blocks (threads of one worker) share one raise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import threading
+from collections.abc import Iterator
+
+#: ``mallopt`` parameters (glibc's malloc.h).
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -2, -3, -4
+#: glibc's default thresholds (bytes), where a fixed setting of the other one leaves them.
+DEFAULT_MMAP = 128 << 10
+DEFAULT_TRIM = 128 << 10
+#: The thresholds while a block runs: the largest mmap threshold glibc would grow to by itself
+#: on a 64-bit machine, and twice that for trimming, as glibc pairs them.
+ROOMY_MMAP = 32 << 20
+ROOMY_TRIM = 64 << 20
+
+_ENV = {"MALLOC_TRIM_THRESHOLD_": "trim", "MALLOC_MMAP_THRESHOLD_": "mmap",
+        "MALLOC_TOP_PAD_": "top_pad", "MALLOC_MMAP_MAX_": "mmap_max"}  # fmt: skip
+_TUNABLES = {"glibc.malloc.trim_threshold": "trim", "glibc.malloc.mmap_threshold": "mmap",
+             "glibc.malloc.top_pad": "top_pad", "glibc.malloc.mmap_max": "mmap_max"}  # fmt: skip
+
+_lock = threading.Lock()
+_depth = 0
+
+
+def start_settings(environ: bytes | None = None) -> dict[str, int]:
+    """The heap settings glibc read when this process started (``trim``, ``mmap``, …), from
+    the environment it was started with (``environ``: that block, NUL-separated; default:
+    ``/proc/self/environ``). Empty when there were none or it cannot be read."""
+    if environ is None:
+        try:
+            with open("/proc/self/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            return {}
+    found: dict[str, int] = {}
+    for item in environ.split(b"\0"):
+        key, _, value = item.decode("utf-8", "replace").partition("=")
+        if key in _ENV:
+            _setting(found, _ENV[key], value)
+        elif key == "GLIBC_TUNABLES":
+            for tunable in value.split(":"):
+                name, _, v = tunable.partition("=")
+                if name in _TUNABLES:
+                    _setting(found, _TUNABLES[name], v)
+    return found
+
+
+def _setting(found: dict[str, int], name: str, value: str) -> None:
+    with contextlib.suppress(ValueError):
+        found[name] = int(value, 0)
+
+
+def _libc() -> ctypes.CDLL | None:
+    """glibc, when this process runs on it (its ``mallopt`` and ``malloc_trim``)."""
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    name = ctypes.util.find_library("c") or "libc.so.6"
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def _fixed() -> tuple[ctypes.CDLL, dict[str, int]] | None:
+    """glibc and the settings it started with, when a threshold was fixed at start."""
+    settings = start_settings()
+    if not settings:
+        return None
+    libc = _libc()
+    return None if libc is None else (libc, settings)
+
+
+@contextlib.contextmanager
+def roomy() -> Iterator[bool]:
+    """Raise glibc's heap thresholds for the block when they were fixed at start (yields
+    whether it did); put the start values back and trim once after the last block ends."""
+    global _depth
+    fixed = _fixed()
+    if fixed is None:
+        yield False
+        return
+    libc, settings = fixed
+    with _lock:
+        _depth += 1
+        if _depth == 1:
+            libc.mallopt(M_MMAP_THRESHOLD, max(ROOMY_MMAP, settings.get("mmap", 0)))
+            libc.mallopt(M_TRIM_THRESHOLD, max(ROOMY_TRIM, settings.get("trim", 0)))
+    try:
+        yield True
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                libc.mallopt(M_MMAP_THRESHOLD, settings.get("mmap", DEFAULT_MMAP))
+                libc.mallopt(M_TRIM_THRESHOLD, settings.get("trim", DEFAULT_TRIM))
+                libc.malloc_trim(0)
+
+
+def raised() -> bool:
+    """Whether a :func:`roomy` block has the thresholds raised in this process now."""
+    return _depth > 0 and _fixed() is not None
