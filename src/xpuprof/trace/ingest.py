@@ -25,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -245,20 +246,27 @@ def write_raw(
     host = host if isinstance(host, str) else None
 
     read_phase, read_cat = raw.read_phase, raw.read_category
-    tables = build_tables(
-        raw.tables, part=part, rank=rank, host=host, string_ids=raw.string_ids, format=raw.format
-    )
-    raw.tables = {}
     root = Path(out_dir)
-    files = {}
-    rows = {}
     tag = st.unique_tag()
-    for name in st.TABLES:
-        t = getattr(tables, name)
-        rel = st.part_file(name, part, tag)
-        st.write_table(t, root / rel)
-        files[name] = rel
-        rows[name] = t.num_rows
+    files = {name: st.part_file(name, part, tag) for name in st.TABLES}
+    # the events table (most of the bytes) is written on a thread of its own while the flows
+    # are bound and the small tables written: Parquet encoding runs without the GIL
+    with ThreadPoolExecutor(1, thread_name_prefix="xpuprof-write") as pool:
+        events_written: list[Future[None]] = []
+
+        def write_events(events: Any) -> None:
+            events_written.append(pool.submit(st.write_table, events, root / files["events"]))
+
+        tables = build_tables(raw.tables, part=part, rank=rank, host=host,
+                              string_ids=raw.string_ids, format=raw.format,
+                              on_events=write_events)  # fmt: skip
+        raw.tables = {}
+        for name in st.TABLES:
+            if name != "events":
+                st.write_table(getattr(tables, name), root / files[name])
+        for fut in events_written:
+            fut.result()  # its error, if any, is this write's
+    rows = {name: getattr(tables, name).num_rows for name in st.TABLES}
     levels = {
         k["values"]: k["counts"]
         for k in pc.value_counts(

@@ -28,6 +28,7 @@ The normaliser knows no format: what a category means comes from the registry.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -70,11 +71,13 @@ def build_tables(
     host: str | None,
     string_ids: dict[str, dict[str, str]],
     format: str | None = None,
+    on_events: Callable[[pa.Table], None] | None = None,
 ) -> Tables:
     """Normalize one source file's raw columns, already split by kind of entry
     (``raw.KINDS``; columns as in ``raw.RAW_SCHEMA``). ``format`` names the reader that read
     them (``RawTrace.format``): its vocabulary gives categories their levels (None: the
-    built-in vocabularies only)."""
+    built-in vocabularies only). ``on_events`` is handed the events table as soon as it is
+    final, before the flows are bound (a writer can start on it meanwhile)."""
     vocab = vocabulary(format)
     index_start = _next_index(raw)
     meta_raw = fold_leftovers(raw.pop("metadata"), ("flow_id", "bp", "scope", "dur"))
@@ -84,6 +87,8 @@ def build_tables(
         ev_raw, part, rank, host, string_ids, meta_raw, vocab, index_start
     )
     del ev_raw
+    if on_events is not None:
+        on_events(events)
     fl_raw = fold_leftovers(raw.pop("flows"), ("scope", "dur"))
     flows, links = flow_tables(fl_raw, timeline, part, rank)
     del timeline

@@ -3,6 +3,7 @@ track, step, FLOPs and bytes."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,13 +80,17 @@ def events_table(
         )
         is_dev = device >= 0
     n = ev.num_rows
-    span_dur, (order, parent_pos, end, is_slice) = _nest(ev, pid, tid, ts, dur, dur_null)
-    index = ints(ev["index"])
-    ids = (np.int64(part) << ID_SHIFT) | index
-    parent_id, depth = _parents(order, parent_pos, ids)
-    step = steps(ev, level, pid, ts, span_dur, is_dev)
-    del span_dur
-    flops_col, bytes_col = _work(ev, level)
+    # FLOPs from shapes (Python over the ops' args) on a thread of its own while the nesting
+    # sorts the tracks, which numpy does without the GIL
+    with ThreadPoolExecutor(1, thread_name_prefix="xpuprof-flops") as pool:
+        work = pool.submit(_work, ev, level)
+        span_dur, (order, parent_pos, end, is_slice) = _nest(ev, pid, tid, ts, dur, dur_null)
+        index = ints(ev["index"])
+        ids = (np.int64(part) << ID_SHIFT) | index
+        parent_id, depth = _parents(order, parent_pos, ids)
+        step = steps(ev, level, pid, ts, span_dur, is_dev)
+        del span_dur
+        flops_col, bytes_col = work.result()
     table = pa.Table.from_arrays(
         [
             pa.array(ids, pa.int64()),
