@@ -340,8 +340,14 @@ def test_dtype_names_and_codes_match_torch(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def test_linear_mlp_forward_backward_matches_flop_counter(tmp_path: Path) -> None:
+# batch 3: the args decoded 3 rows at a time, the calls deduplicated across the batches
+@pytest.mark.parametrize("batch", [None, 3])
+def test_linear_mlp_forward_backward_matches_flop_counter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: int | None
+) -> None:
     torch = pytest.importorskip("torch")
+    if batch:
+        monkeypatch.setattr("xpuprof.costmodel.derive.DECODE_BATCH", batch)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(48, 96),
@@ -559,7 +565,12 @@ def test_shared_traces_gemms_are_2mkn_and_nothing_raises() -> None:
     assert checked > 50
 
 
-def test_derive_accepts_arrow_columns_and_survives_bad_rows() -> None:
+@pytest.mark.parametrize("batch", [None, 5])
+def test_derive_accepts_arrow_columns_and_survives_bad_rows(
+    monkeypatch: pytest.MonkeyPatch, batch: int | None
+) -> None:
+    if batch:  # the damaged row's batch falls back to row by row, the others do not
+        monkeypatch.setattr("xpuprof.costmodel.derive.DECODE_BATCH", batch)
     ev = _ops(json.loads(read_text(EXAMPLE)))
     names = [e["name"] for e in ev]
     args = [json.dumps(e["args"]) if "args" in e else None for e in ev]

@@ -25,6 +25,8 @@ class _ShapeArgs(msgspec.Struct, gc=False):
 
 
 _DECODE_ALL = msgspec.json.Decoder(list[_ShapeArgs])
+#: Rows whose args are decoded at once (a few tens of MB of text at most).
+DECODE_BATCH = 1 << 17
 _DECODE_ONE = msgspec.json.Decoder(_ShapeArgs)
 _ENCODE = msgspec.json.Encoder()
 
@@ -138,33 +140,40 @@ def derive(names: Any, args: Any, where: np.ndarray | None = None) -> tuple[np.n
     rows = np.flatnonzero(need[codes])
     if not rows.size:
         return flops, nbytes
-    decoded = _decode_rows(args, rows)
-    # one key per row: the name and the three raw fields, re-encoded into one bytes object (a
-    # single C call; the volatile args — ids, sequence numbers — are not part of it)
+    # the rows' shape args in batches (the taken text, its joined copy and the decoded
+    # objects of a whole big table at once would be gigabytes), deduplicated across them
     enc = _ENCODE.encode
-    row_codes = codes[rows].tolist()
-    if all(a is not None for a in decoded):
-        keys = list(zip(row_codes, map(enc, decoded), strict=True))  # type: ignore[arg-type]
-    else:
-        keys = [
-            (c, enc(a) if a is not None else None) for c, a in zip(row_codes, decoded, strict=True)
-        ]
-    seen: dict[Any, int] = dict.fromkeys(keys)  # type: ignore[arg-type]
-    for u, k in enumerate(seen):
-        seen[k] = u
-    inverse = np.fromiter(map(seen.__getitem__, keys), np.int64, len(keys))
-    _, first = np.unique(inverse, return_index=True)
-    uf = np.full(len(seen), np.nan)
-    ub = np.full(len(seen), np.nan)
-    for u, j in enumerate(first.tolist()):
-        a = decoded[j]
-        if a is None:
+    seen: dict[Any, int] = {}  # key -> its number
+    # per key: its name code and its three raw fields, copied (as decoded they are views that
+    # would keep each batch's whole text alive); None where the args did not decode
+    first: list[tuple[int, tuple[msgspec.Raw, msgspec.Raw, msgspec.Raw] | None]] = []
+    inverse = np.empty(len(rows), np.int64)
+    for lo in range(0, len(rows), DECODE_BATCH):
+        batch = rows[lo : lo + DECODE_BATCH]
+        decoded = _decode_rows(args, batch)
+        # one key per row: the name and the three raw fields, re-encoded into one bytes object
+        # (a single C call; the volatile args — ids, sequence numbers — are not part of it)
+        row_codes = codes[batch].tolist()
+        keys = [(c, enc(a) if a is not None else None)
+                for c, a in zip(row_codes, decoded, strict=True)]  # fmt: skip
+        for k, a in zip(keys, decoded, strict=True):
+            if k not in seen:
+                seen[k] = len(first)
+                raw = None if a is None else (a.dims.copy(), a.types.copy(), a.concrete.copy())
+                first.append((k[0], raw))
+        inverse[lo : lo + len(batch)] = np.fromiter(map(seen.__getitem__, keys), np.int64,
+                                                    len(keys))  # fmt: skip
+        del decoded, keys
+    uf = np.full(len(first), np.nan)
+    ub = np.full(len(first), np.nan)
+    for u, (c, raw) in enumerate(first):
+        if raw is None:
             continue
         try:
-            dims, types, conc = _raw_value(a.dims), _raw_value(a.types), _raw_value(a.concrete)
+            dims, types, conc = (_raw_value(r) for r in raw)
         except msgspec.DecodeError:
             continue
-        f, b = op_cost(uniq[keys[j][0]], dims, types, conc)  # type: ignore[arg-type]
+        f, b = op_cost(uniq[c], dims, types, conc)  # type: ignore[arg-type]
         uf[u] = np.nan if f is None else f
         ub[u] = np.nan if b is None else b
     flops[rows] = uf[inverse]

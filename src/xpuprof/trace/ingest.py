@@ -25,12 +25,13 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from xpuprof.core import heap
+from xpuprof.core.beside import beside
 from xpuprof.core.errors import StoreError, TraceFormatError, XpuprofError
 from xpuprof.trace import store as st
 from xpuprof.trace.ranks import (  # noqa: F401 - rank_from_name: tests', scripts'
@@ -250,12 +251,13 @@ def write_raw(
     tag = st.unique_tag()
     files = {name: st.part_file(name, part, tag) for name in st.TABLES}
     # the events table (most of the bytes) is written on a thread of its own while the flows
-    # are bound and the small tables written: Parquet encoding runs without the GIL
-    with ThreadPoolExecutor(1, thread_name_prefix="xpuprof-write") as pool:
+    # are bound and the small tables written: Parquet encoding runs without the GIL (big
+    # sources only: core/beside.py; the raw events' count stands for the table's)
+    with beside(raw.tables["events"].num_rows, "write") as submit:
         events_written: list[Future[None]] = []
 
         def write_events(events: Any) -> None:
-            events_written.append(pool.submit(st.write_table, events, root / files["events"]))
+            events_written.append(submit(st.write_table, events, root / files["events"]))
 
         tables = build_tables(raw.tables, part=part, rank=rank, host=host,
                               string_ids=raw.string_ids, format=raw.format,

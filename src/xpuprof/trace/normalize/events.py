@@ -3,12 +3,12 @@ track, step, FLOPs and bytes."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
+from xpuprof.core.beside import beside
 from xpuprof.core.schema import EVENTS, ID_SHIFT
 from xpuprof.costmodel.derive import derive as derive_flops
 from xpuprof.formats import Vocabulary
@@ -81,9 +81,9 @@ def events_table(
         is_dev = device >= 0
     n = ev.num_rows
     # FLOPs from shapes (Python over the ops' args) on a thread of its own while the nesting
-    # sorts the tracks, which numpy does without the GIL
-    with ThreadPoolExecutor(1, thread_name_prefix="xpuprof-flops") as pool:
-        work = pool.submit(_work, ev, level)
+    # sorts the tracks, which numpy does without the GIL (big tables only: core/beside.py)
+    with beside(n, "flops") as submit:
+        work = submit(_work, ev, level)
         span_dur, (order, parent_pos, end, is_slice) = _nest(ev, pid, tid, ts, dur, dur_null)
         index = ints(ev["index"])
         ids = (np.int64(part) << ID_SHIFT) | index
