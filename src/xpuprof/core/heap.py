@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import threading
 from collections.abc import Iterator
 
@@ -73,20 +74,25 @@ def _setting(found: dict[str, int], name: str, value: str) -> None:
         found[name] = int(value, 0)
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
-    """glibc, when this process runs on it (its ``mallopt`` and ``malloc_trim``)."""
+    """glibc, when this process runs on it (its ``mallopt`` and ``malloc_trim``); looked up
+    once per process (``find_library`` may run ``ldconfig``)."""
     import platform
 
     if platform.libc_ver()[0] != "glibc":
         return None
-    name = ctypes.util.find_library("c") or "libc.so.6"
-    try:
-        libc = ctypes.CDLL(name)
-        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-        libc.malloc_trim.argtypes = [ctypes.c_size_t]
-    except (OSError, AttributeError):
-        return None
-    return libc
+    for name in ("libc.so.6", ctypes.util.find_library("c")):
+        if not name:
+            continue
+        try:
+            libc = ctypes.CDLL(name)
+            libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+            libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            continue
+        return libc
+    return None
 
 
 def _fixed() -> tuple[ctypes.CDLL, dict[str, int]] | None:
