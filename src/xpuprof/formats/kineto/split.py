@@ -378,7 +378,10 @@ def combine(
                 name = piece["files"].get(kind)
                 if name is None:
                     continue
-                with pa.OSFile(str(folder / name), "rb") as f:
+                # mapped, not read: the batches are the file's pages, no copy (the mapping
+                # outlives the name on POSIX; elsewhere the file is read)
+                opener = pa.memory_map if os.name == "posix" else pa.OSFile
+                with opener(str(folder / name), "rb") as f:
                     for batch in pa.ipc.open_stream(f):
                         dec.batches[kind].append(_renumber(batch, shift, lut))
                 os.unlink(folder / name)
