@@ -95,8 +95,10 @@ def _libc() -> ctypes.CDLL | None:
     return None
 
 
+@functools.cache
 def _fixed() -> tuple[ctypes.CDLL, dict[str, int]] | None:
-    """glibc and the settings it started with, when a threshold was fixed at start."""
+    """glibc and the settings it started with, when a threshold was fixed at start; read once
+    per process (the environment it started with does not change)."""
     settings = start_settings()
     if not settings:
         return None

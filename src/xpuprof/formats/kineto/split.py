@@ -67,6 +67,10 @@ SPILL_BYTES = 64 << 20
 #: How far past a cut's nominal place the first candidate boundary is looked for.
 _MAX_SEARCH = 64 << 20
 
+#: How a piece's IPC file is opened to be combined: mapped, not read (the batches are the
+#: file's pages, no copy), where the mapping outlives the file's name (POSIX); else read.
+_OPEN_SPILLED = pa.memory_map if os.name == "posix" else pa.OSFile
+
 _SEP = re.compile(rb"\}\s*,\s*\{")
 _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
@@ -378,10 +382,7 @@ def combine(
                 name = piece["files"].get(kind)
                 if name is None:
                     continue
-                # mapped, not read: the batches are the file's pages, no copy (the mapping
-                # outlives the name on POSIX; elsewhere the file is read)
-                opener = pa.memory_map if os.name == "posix" else pa.OSFile
-                with opener(str(folder / name), "rb") as f:
+                with _OPEN_SPILLED(str(folder / name), "rb") as f:
                     for batch in pa.ipc.open_stream(f):
                         dec.batches[kind].append(_renumber(batch, shift, lut))
                 os.unlink(folder / name)
