@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from xpuprof.core.errors import TraceFormatError
 from xpuprof.core.raw import KINDS, RAW_SCHEMA, Dropped, RawTrace
+from xpuprof.formats.kineto import fields
 from xpuprof.formats.kineto.columns import Event, IdMaps, columns, events_from_dicts, us_text_to_ns
 from xpuprof.formats.kineto.errors import DECODE_ERRORS
 from xpuprof.formats.kineto.stream import Text, file_blocks, threaded
@@ -114,7 +115,13 @@ class Decoder:
     def decode_events(self, text: bytes | memoryview) -> int:
         """Decode ``[entry, …]`` text, numbered from ``self.index``, and keep it; return the
         number of entries. Raises one of ``DECODE_ERRORS`` (having kept nothing) when an entry
-        is bad, or :class:`TraceFormatError` when a strict read meets an event it rejects."""
+        is bad, or :class:`TraceFormatError` when a strict read meets an event it rejects.
+        The compiled scanner (``fields.py``) reads the run when it is built and takes it."""
+        batch = fields.batch(text, self.index, self.ctx)
+        if batch is not None:
+            if batch.num_rows:
+                self.keep(batch, batch.num_rows)
+            return batch.num_rows
         try:
             evs = _EVENTS_DEC.decode(text)
             extra = None
