@@ -532,14 +532,17 @@ def _run_on_dask(
     progress: Progress | None,
     hints: dict[Path, RankHint],
 ) -> tuple[list[dict[str, Any]], int]:
-    from dask.distributed import Client
-
     with contextlib.ExitStack() as stack:
         if scheduler:
+            from dask.distributed import Client
+
             client = stack.enter_context(Client(scheduler))
             n_workers = len(client.scheduler_info().get("workers", {})) or workers
         else:
+            # Dask is imported only once the fork server is starting (_local_cluster)
             cluster = stack.enter_context(_local_cluster(jobs, workers))
+            from dask.distributed import Client
+
             # by address: a client given the cluster itself waits for every worker to be up
             # (the forked ones take a second or more), the one here could start at once
             client = stack.enter_context(Client(cluster.scheduler_address))
@@ -555,11 +558,11 @@ def _local_cluster(jobs: list[tuple[Path, int]], workers: int) -> Iterator[Any]:
     :func:`_preload`) that join as they come up. Starting processes costs about a second
     (importing the readers once, in the fork server), which this process spends importing
     the first file instead of waiting."""
+    method = _preload(jobs)  # first: the fork server imports Dask while this process does
     import dask
     from dask.distributed import Nanny, Scheduler, SpecCluster, Worker
     from distributed.worker_memory import parse_memory_limit
 
-    method = _preload(jobs)
     quiet = {"silence_logs": logging.CRITICAL}  # our own error line is the one to read
     # as LocalCluster does: this machine only, no dashboard (its HTTP server on a free port:
     # no clash, no warning on a busy 8787), each worker its share of the memory
