@@ -1,4 +1,4 @@
-"""The one compiled part: the Kineto reader's field scanner (``formats/kineto/_fields.c``).
+"""The one compiled part: the Kineto reader's field scanner (``formats/kineto/scanner.c``).
 
 Optional: where it cannot be built (no C compiler) the install goes on and the reader decodes
 with msgspec alone, the same tables more slowly. Everything else is in ``pyproject.toml``.
@@ -9,8 +9,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "xpuprof.formats.kineto._fields",
-            ["src/xpuprof/formats/kineto/_fields.c"],
+            "xpuprof.formats.kineto.scanner",
+            ["src/xpuprof/formats/kineto/scanner.c"],
             extra_compile_args=["-O2"],
             optional=True,
         )

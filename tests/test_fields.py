@@ -1,4 +1,4 @@
-"""The Kineto reader's compiled scanner (``formats/kineto/_fields.c`` + ``fields.py``) against
+"""The Kineto reader's compiled scanner (``formats/kineto/scanner.c`` + ``fields.py``) against
 its msgspec path, which it must equal value for value: on every real trace, on hand-written
 runs of entries at each place the two could part (escapes, string ids, lifted args of odd
 types, keys that repeat or are unknown, JSON that is not strict), and on generated runs.
@@ -206,7 +206,7 @@ def test_real_traces_read_the_same(path: Path, monkeypatch) -> None:
     monkeypatch.setattr(fields, "batch", counting)
     fast = decode.read(path)
     assert any(taken), "the scanner declined every run of a real trace"
-    monkeypatch.setattr(fields, "_fields", None)
+    monkeypatch.setattr(fields, "scanner", None)
     _same_read(fast, decode.read(path))
 
 
@@ -280,10 +280,10 @@ def test_hostile_files_read_the_same(doc, lenient, chunk, tmp_path_factory) -> N
     path.write_bytes(doc.content)
     with fz.chunk_size(chunk):
         fast = _read(path, lenient)
-        saved = fields._fields
-        fields._fields = None
+        saved = fields.scanner
+        fields.scanner = None
         try:
             slow = _read(path, lenient)
         finally:
-            fields._fields = saved
+            fields.scanner = saved
     _same_read(fast, slow)

@@ -1,4 +1,4 @@
-"""The Kineto reader's compiled path: a run of entries cut into fields by ``_fields.c`` and
+"""The Kineto reader's compiled path: a run of entries cut into fields by ``scanner.c`` and
 turned into the raw columns that ``columns.columns`` builds from msgspec's structs — the same
 Arrow columns, value for value, with no Python object per event (the reader's decode of the
 8-rank benchmark's files: 2.5x faster, see benchmarks/RESULTS.md).
@@ -24,11 +24,11 @@ from xpuprof.core.raw import DICT_STRING
 from xpuprof.formats.kineto.columns import IdMaps
 
 try:
-    from xpuprof.formats.kineto import _fields
+    from xpuprof.formats.kineto import scanner
 except ImportError:  # not built: the msgspec path reads everything
-    _fields = None
+    scanner = None
 
-# kinds of values, as _fields.c numbers them
+# kinds of values, as scanner.c numbers them
 ABSENT, STR, ESC, INT, NUM, TRUE, FALSE, NULL, OBJ, ARR = range(10)
 FIELDS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "bp", "s", "args",
           "correlation", "External id", "external id", "device", "stream", "bytes")  # fmt: skip
@@ -49,7 +49,7 @@ class _Declined(Exception):
 
 def available() -> bool:
     """True when the compiled scanner was built."""
-    return _fields is not None
+    return scanner is not None
 
 
 class _Scanned:
@@ -155,9 +155,9 @@ def batch(text: Any, index0: int, ctx: IdMaps) -> pa.RecordBatch | None:
     """The raw columns of a run of entries (``[entry, …]`` text, numbered from ``index0``),
     equal to what ``columns.columns`` makes of msgspec's decode of it; None when the compiled
     scanner is absent or declines the run (the caller then decodes it with msgspec)."""
-    if _fields is None:
+    if scanner is None:
         return None
-    got = _fields.scan(text)
+    got = scanner.scan(text)
     if got is None:
         return None
     try:

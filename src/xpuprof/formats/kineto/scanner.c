@@ -424,10 +424,10 @@ static PyMethodDef METHODS[] = {
 };
 
 static struct PyModuleDef MODULE = {
-    PyModuleDef_HEAD_INIT, "_fields", "The Kineto reader's compiled scanner.", -1, METHODS,
+    PyModuleDef_HEAD_INIT, "scanner", "The Kineto reader's compiled scanner.", -1, METHODS,
 };
 
-PyMODINIT_FUNC PyInit__fields(void) {
+PyMODINIT_FUNC PyInit_scanner(void) {
     for (int f = 0; f < NF; f++) FIELD_LEN[f] = (Py_ssize_t)strlen(FIELDS[f]);
     for (int c = 0; c < 256; c++) PLAIN[c] = c >= 0x20 && c != '"' && c != '\\';
     return PyModule_Create(&MODULE);
