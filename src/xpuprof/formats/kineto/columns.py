@@ -186,6 +186,11 @@ class IdMaps:
     def __init__(self) -> None:
         self.string_ids: dict[str, dict[Any, int]] = {"pid": {}, "tid": {}}
 
+    def saw_ints(self, kind: str, values: np.ndarray) -> None:
+        """The integer pids or tids of a run as the source wrote them (not codes), for maps
+        that watch them (a piece's, ``split.py``); the compiled path (``fields.py``) reports
+        them here, as ``ids`` sees them on msgspec's."""
+
     def ids(self, kind: str, values: list[Any]) -> pa.Array:
         try:
             return pa.array(values, pa.int64())

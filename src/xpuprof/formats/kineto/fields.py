@@ -130,6 +130,7 @@ class _Scanned:
         """A pid or tid as ``IdMaps.ids`` makes it: integers as they are, a string of digits
         as its number, any other string the file's id for it (new ones numbered in order)."""
         k = self.kind(name, _IDISH)
+        ctx.saw_ints(name, self.ivals[k == INT, _AT[name]])
         named = np.flatnonzero(k == STR)
         if not len(named):
             return self.ints(name)

@@ -214,6 +214,10 @@ class _PieceIds(IdMaps):
             seen = self.real_negative[kind]
             self.real_negative[kind] = value if seen is None else max(seen, value)
 
+    def saw_ints(self, kind: str, values: np.ndarray) -> None:
+        neg = values[values < 0]
+        self._note(kind, int(neg.max()) if len(neg) else None)
+
     def ids(self, kind: str, values: list[Any]) -> pa.Array:
         try:
             arr = pa.array(values, pa.int64())
