@@ -184,6 +184,19 @@ def test_a_pieces_maps_see_its_real_negative_ids(pids: bytes) -> None:
     assert fast.string_ids == slow.string_ids
 
 
+@needs_scanner
+def test_a_declined_run_leaves_the_id_maps_alone(tmp_path: Path) -> None:
+    """A run declined late (its first entry's flow id is not UTF-8) must not have numbered its
+    string tids: msgspec's path rejects that entry before numbering any, the lenient walker
+    drops it, and the next entry's tid "b" is the file's first string id, -1."""
+    path = tmp_path / "t.json"
+    path.write_bytes(b'{"traceEvents": [{"ph": "X", "ts": 0, "tid": "a", "id": "\xc3("},'
+                     b'{"ph": "X", "ts": 1, "tid": "b"}]}')  # fmt: skip
+    fast = decode.read(path, lenient=True)
+    assert fast.string_ids["tid"] == {"-1": "b"}
+    assert fast.tables["events"]["tid"].to_pylist() == [-1]
+
+
 # -- real traces: the whole read, scanner against msgspec --------------------------------------
 
 

@@ -102,11 +102,6 @@ class _Scanned:
             out = pa.array(values, pa.string())
         return out
 
-    def ints(self, name: str) -> pa.Array:
-        """An integer field (null when null or absent)."""
-        k = self.kind(name, _INTISH)
-        return pa.array(self.ivals[:, _AT[name]], pa.int64(), mask=k != INT)
-
     def lifted(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """An integer arg as ``columns._int64_column`` makes it of msgspec's value: an integer
         as it is, true/false as 1/0, a string as Python's ``int`` reads it (else null); with
@@ -126,18 +121,23 @@ class _Scanned:
                 values[i], valid[i] = v, True
         return values, valid, (k != ABSENT) & (k != NULL)
 
-    def ids(self, name: str, ctx: IdMaps) -> pa.Array:
-        """A pid or tid as ``IdMaps.ids`` makes it: integers as they are, a string of digits
-        as its number, any other string the file's id for it (new ones numbered in order)."""
+    def named(self, name: str) -> tuple[np.ndarray, list[str]]:
+        """A pid or tid's kinds, and its strings (checked UTF-8), for :meth:`ids`."""
         k = self.kind(name, _IDISH)
-        ctx.saw_ints(name, self.ivals[k == INT, _AT[name]])
         named = np.flatnonzero(k == STR)
-        if not len(named):
-            return self.ints(name)
+        return k, self.text(name, k == STR, False).take(named).to_pylist() if len(named) else []
+
+    def ids(self, name: str, named: tuple[np.ndarray, list[str]], ctx: IdMaps) -> pa.Array:
+        """A pid or tid as ``IdMaps.ids`` makes it: integers as they are, a string of digits
+        as its number, any other string the file's id for it (new ones numbered in order).
+        Cannot fail: it changes the file's maps, so it runs once the run is known taken."""
+        k, strings = named
+        ctx.saw_ints(name, self.ivals[k == INT, _AT[name]])
+        if not strings:
+            return pa.array(self.ivals[:, _AT[name]], pa.int64(), mask=k != INT)
         values = self.ivals[:, _AT[name]].copy()
         table = ctx.string_ids[name]
-        for i, v in zip(named.tolist(), self.text(name, k == STR, False).take(named).to_pylist(),
-                        strict=True):  # fmt: skip
+        for i, v in zip(np.flatnonzero(k == STR).tolist(), strings, strict=True):
             if v.isascii() and v.isdigit() and len(v) < 19:
                 values[i] = int(v)
                 continue
@@ -181,13 +181,14 @@ def _columns(s: _Scanned, index0: int, ctx: IdMaps) -> pa.RecordBatch:
     size = s.ivals[:, _AT["bytes"]]
     if (np.abs(size[size_k == INT]) > _MAX_EXACT).any():
         raise _Declined("bytes")
-    cols: dict[str, pa.Array] = {
+    pid, tid = s.named("pid"), s.named("tid")
+    cols: dict[str, pa.Array | None] = {
         "index": pa.array(np.arange(index0, index0 + n, dtype=np.int64)),
         "ph": s.strings("ph").dictionary_encode(),
         "cat": s.strings("cat").dictionary_encode(),
         "name": s.strings("name").dictionary_encode(),
-        "pid": s.ids("pid", ctx),
-        "tid": s.ids("tid", ctx),
+        "pid": None,  # last, below
+        "tid": None,
         "ts": s.raw("ts"),
         "dur": s.raw("dur"),
         "flow_id": s.strings("id", ints=True),
@@ -204,6 +205,9 @@ def _columns(s: _Scanned, index0: int, ctx: IdMaps) -> pa.RecordBatch:
     for name in ("ph", "cat", "name", "bp", "scope"):
         if cols[name].type != DICT_STRING:
             cols[name] = cols[name].cast(DICT_STRING)
+    # every column built: the run is taken, and only now may the file's id maps change (a run
+    # declined after numbering its strings would leave names msgspec's path never numbers)
+    cols["pid"], cols["tid"] = s.ids("pid", pid, ctx), s.ids("tid", tid, ctx)
     return pa.RecordBatch.from_pydict(cols)
 
 
