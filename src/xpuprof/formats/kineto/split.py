@@ -225,9 +225,7 @@ class _PieceIds(IdMaps):
             neg = [v for v in values if type(v) is int and v < 0]
             self._note(kind, max(neg) if neg else None)
             return super().ids(kind, values)
-        low = pc.min(arr).as_py()
-        if low is not None and low < 0:
-            self._note(kind, pc.max(pc.filter(arr, pc.less(arr, 0))).as_py())
+        self.saw_ints(kind, pc.drop_null(arr).to_numpy())
         return arr
 
 
