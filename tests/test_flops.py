@@ -631,3 +631,42 @@ def test_supported_ops_listed() -> None:
     kinds = {"matmul", "conv", "attention", "elementwise", "reduction", "softmax", "norm",
              "embedding", "loss", "memory", "view"}  # fmt: skip
     assert set(ops.values()) == kinds
+
+
+def test_rows_taken_chunk_by_chunk() -> None:
+    """``take_rows`` (what the normaliser reads the args of chosen rows with, where a take on
+    the chunked column would first join all of its text) gives exactly those rows, in order,
+    across chunks, an empty chunk and nulls."""
+    from xpuprof.costmodel.derive import take_rows
+
+    chunks = [["a", None, "c"], [], ["d", "e"], ["f", None, "h", "i"]]
+    col = pa.chunked_array([pa.array(c, pa.string()) for c in chunks], pa.string())
+    flat = [v for c in chunks for v in c]
+    for rows in ([0, 2, 3, 5, 8], [1, 6], [4], [], list(range(len(flat)))):
+        got = take_rows(col, np.array(rows, np.int64))
+        assert got.to_pylist() == [flat[i] for i in rows]
+
+
+def test_collective_bytes_from_args_in_many_chunks() -> None:
+    """Collectives' bytes (elements x dtype size) read from args spread over chunks equal
+    those of the same args in one chunk, and the hand-computed values."""
+    from xpuprof.trace.normalize.columns import LEVEL_CODE
+    from xpuprof.trace.normalize.events import _work
+
+    def nccl(n_in: int, n_out: int, dtype: str) -> str:
+        return json.dumps({"In msg nelems": n_in, "Out msg nelems": n_out, "dtype": dtype})
+
+    args = [nccl(10, 20, "Float"), None, "{}", nccl(1024, 1024, "Half"), None,
+            nccl(7, 3, "Long")]  # fmt: skip
+    level = np.array([LEVEL_CODE[x] for x in ("collective", "kernel", "kernel",
+                                              "collective", "kernel", "collective")])  # fmt: skip
+    want = [20 * 4, None, None, 1024 * 2, None, 7 * 8]
+    for cuts in ([6], [1, 2, 3], [3, 0, 3], [2, 2, 2]):
+        chunks, at = [], 0
+        for k in cuts:
+            chunks.append(pa.array(args[at : at + k], pa.string()))
+            at += k
+        ev = pa.table({"args": pa.chunked_array(chunks, pa.string()), "name": ["x"] * 6,
+                       "bytes_arg": pa.array([None] * 6, pa.float64())})  # fmt: skip
+        _, nbytes = _work(ev, level)
+        assert [None if np.isnan(b) else b for b in nbytes] == want, cuts

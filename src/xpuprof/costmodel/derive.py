@@ -56,7 +56,7 @@ def _name_codes(names: Any) -> tuple[np.ndarray, list[str | None]]:
     return codes, list(uniq)
 
 
-def _take(col: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
+def take_rows(col: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
     """``col[rows]`` (rows ascending) as one large_string array, taken chunk by chunk: a take on
     a chunked column would first concatenate all of it."""
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
@@ -80,7 +80,7 @@ def _decode_rows(args: Any, rows: np.ndarray) -> list[_ShapeArgs | None]:
     if not isinstance(args, (pa.Array, pa.ChunkedArray)):
         sel = pa.array([args[i] for i in rows.tolist()], pa.large_string())
     else:
-        sel = _take(args, rows)
+        sel = take_rows(args, rows)
     sel = pc.fill_null(sel, "{}")
     sel = pc.if_else(pc.equal(sel, ""), pa.scalar("{}", sel.type), sel)
     lst = pa.LargeListArray.from_arrays(pa.array([0, len(sel)], pa.int64()), sel)

@@ -11,6 +11,7 @@ import pyarrow as pa
 from xpuprof.core.beside import beside
 from xpuprof.core.schema import EVENTS, ID_SHIFT
 from xpuprof.costmodel.derive import derive as derive_flops
+from xpuprof.costmodel.derive import take_rows
 from xpuprof.formats import Vocabulary
 from xpuprof.trace.nesting import depths, nest
 from xpuprof.trace.normalize.columns import (
@@ -188,7 +189,8 @@ def _work(ev: pa.Table, level: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         bytes_col[mem] = b_np[mem]
     coll = np.flatnonzero(level == L["collective"])
     if coll.size:
-        vals = collective_bytes(ev["args"].take(pa.array(coll)).to_pylist())
+        # chunk by chunk: a take on the chunked column would first join all of its text
+        vals = collective_bytes(take_rows(ev["args"], coll).to_pylist())
         bytes_col[coll] = [np.nan if v is None else v for v in vals]
     flops_col = np.full(n, np.nan)
     is_op = level == L["op"]
