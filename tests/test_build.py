@@ -293,3 +293,30 @@ def test_inferred_steps_take_indexes_after_every_entry(tmp_path):
     kernels = ev[ev.level == "kernel"].sort_values("ts")
     assert kernels.step.isna().tolist() == [True, False, False]
     assert kernels.step.iloc[1:].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_track_order_is_lexsort(seed: int) -> None:
+    """``track_order`` (one stable sort of a packed key, then the ties) gives exactly
+    ``np.lexsort((-dur, ts, tid, pid))``: on many ties of track and time, equal durations,
+    negative and extreme ids (global instants' tid is int64's minimum), times near the int64
+    ends and spans too wide to pack (then it is lexsort itself)."""
+    from xpuprof.trace.nesting import track_order
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.choice([0, 1, 2, 3, 50, 2000]))
+    lo64, hi64 = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    pid = rng.choice(np.array([7, -3, 0, 123456789012, hi64]), n)
+    tid = rng.choice(np.array([1, 2, -5, lo64, 40000]), n)
+    if seed % 4 == 0:  # times few and often equal: most events tie with another
+        ts = rng.integers(0, 5, n)
+    elif seed % 4 == 1:  # epoch nanoseconds, as real traces are
+        ts = 1_700_000_000_000_000_000 + rng.integers(0, 10**10, n)
+    elif seed % 4 == 2:  # a span wider than a packed key holds
+        ts = rng.choice(np.array([lo64 + 1, 0, hi64 - 1]), n)
+    else:
+        ts = np.sort(rng.integers(-(10**6), 10**6, n))  # written in time order
+    dur = rng.choice(np.array([0, 0, 1, 5, 10**9]), n)
+    want = np.lexsort((-dur, ts, tid, pid))
+    got = track_order(pid, tid, ts, dur)
+    assert np.array_equal(got, want)

@@ -28,7 +28,7 @@ def nest(
     O(n log n).
     """
     n = len(ts)
-    order = np.lexsort((-dur, ts, tid, pid))
+    order = track_order(pid, tid, ts, dur)
     s = ts[order]
     q = s + dur[order]  # where each event ends, as a query
     sl = slice_mask[order]
@@ -69,6 +69,45 @@ def nest(
         j = _nearest_reaching(e, q[active], p[active])
         p[active] = np.where(j >= track_start, j, -1)
     return order, p, e, sl
+
+
+def track_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """``np.lexsort((-dur, ts, tid, pid))``: events by track, time, longest first, then as
+    given. Found by one stable sort of a single key (the track's rank, then the time) where
+    both fit in 63 bits, which is nearly sorted already as traces are written (a thread's
+    events in time order): 0.1 s for 5 M events against 0.9 s for the four passes of
+    ``lexsort``. The few events that share track and time are then ordered by duration."""
+    n = len(ts)
+    if n < 2:
+        return np.lexsort((-dur, ts, tid, pid))
+    pc, n_pid = _dense(pid)
+    tc, n_tid = _dense(tid)
+    lo, span = int(ts.min()), int(ts.max()) - int(ts.min())
+    bits = span.bit_length()
+    if bits + (n_pid * n_tid - 1).bit_length() > 62:
+        return np.lexsort((-dur, ts, tid, pid))
+    key = ((pc * n_tid + tc) << bits) | (ts - lo)
+    del pc, tc
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    del key
+    same = k[1:] == k[:-1]
+    if same.any():
+        tie = np.zeros(n, dtype=bool)
+        tie[1:] |= same
+        tie[:-1] |= same
+        at = np.flatnonzero(tie)
+        tied = order[at]  # runs of one key each, in given order within a run (stable sort)
+        order[at] = tied[np.lexsort((-dur[tied], k[at]))]
+    return order
+
+
+def _dense(col: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each value's rank among the column's distinct values, and how many there are. Found
+    from the heads of its runs (a column of pids or tids changes value rarely)."""
+    heads = np.flatnonzero(col[1:] != col[:-1]) + 1
+    uniq = np.unique(np.concatenate([col[:1], col[heads]]))
+    return np.searchsorted(uniq, col).astype(np.int64, copy=False), len(uniq)
 
 
 #: Rounds of pointer jumping before the rest is settled by a search tree. Jumps along a list
