@@ -135,3 +135,40 @@ def roomy() -> Iterator[bool]:
 def raised() -> bool:
     """Whether a :func:`roomy` block has the thresholds raised in this process now."""
     return _depth > 0 and _fixed() is not None
+
+
+_pool_lock = threading.Lock()
+_pool_depth = 0
+_pool_before: list[object] = []
+
+
+@contextlib.contextmanager
+def system_pool() -> Iterator[bool]:
+    """Arrow's allocations on the system allocator for the block (yields whether it switched),
+    where nobody chose a pool: Arrow's default (mimalloc) keeps what a decoder frees for reuse
+    and, in the same process, a 2 GB Kineto file's one-piece import took 21.6-28.2 s and
+    peaked higher than on the system allocator (17.0-21.0 s; benchmarks/RESULTS.md). The
+    ``xpuprof`` command sets ``ARROW_DEFAULT_MEMORY_POOL=system`` before pyarrow is loaded; this
+    gives a Python caller's imports and the import's workers the same. Arrays keep the pool that
+    made them, so the switch back after the block is safe; nested and concurrent blocks share
+    one switch. Where the variable is set (to any pool) nothing is touched."""
+    import os
+
+    global _pool_depth
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        yield False
+        return
+    import pyarrow as pa
+
+    with _pool_lock:
+        _pool_depth += 1
+        if _pool_depth == 1:
+            _pool_before.append(pa.default_memory_pool())
+            pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield True
+    finally:
+        with _pool_lock:
+            _pool_depth -= 1
+            if _pool_depth == 0:
+                pa.set_memory_pool(_pool_before.pop())
