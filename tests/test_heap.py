@@ -147,21 +147,20 @@ def test_import_tasks_run_with_the_heap_raised() -> None:
                  "after": False, "pickles": True}  # fmt: skip
 
 
-def _other_pool() -> object:
+def _pool(name: str) -> object:
     import pyarrow as pa
 
-    for make in ("mimalloc_memory_pool", "jemalloc_memory_pool"):
-        try:
-            return getattr(pa, make)()
-        except (NotImplementedError, AttributeError):
-            continue
-    pytest.skip("this pyarrow has no allocator but the system's")
+    try:
+        return getattr(pa, f"{name}_memory_pool")()
+    except (NotImplementedError, AttributeError):
+        pytest.skip(f"this pyarrow has no {name} allocator")
 
 
 def test_arrow_on_the_system_allocator_in_the_block_only(monkeypatch, tmp_path) -> None:
     """Where nobody chose a pool, Arrow allocates from the system allocator inside the
-    block (nested blocks share the switch) and from the pool it had after; an import done
-    in this process leaves the pool as it found it. A chosen pool is never touched."""
+    block (nested blocks share the switch) and from its default after; an import done in this
+    process leaves the pool as it found it. A pool chosen by the variable or by
+    ``set_memory_pool`` is never touched."""
     import pyarrow as pa
     from conftest import EXAMPLE
 
@@ -169,32 +168,36 @@ def test_arrow_on_the_system_allocator_in_the_block_only(monkeypatch, tmp_path) 
 
     monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
     before = pa.default_memory_pool()
-    other = _other_pool()
-    pa.set_memory_pool(other)  # type: ignore[arg-type]
+    default = _pool(heap.DEFAULT_BACKEND)
+    pa.set_memory_pool(default)  # type: ignore[arg-type]
     try:
         with heap.system_pool() as switched:
             assert switched
             assert pa.default_memory_pool().backend_name == "system"
-            with heap.system_pool():
-                assert pa.default_memory_pool().backend_name == "system"
+            with heap.system_pool() as inner:
+                assert inner and pa.default_memory_pool().backend_name == "system"
             assert pa.default_memory_pool().backend_name == "system"  # the outer block's
             kept = pa.array(list(range(1000)))  # made on the system allocator
-        assert pa.default_memory_pool().backend_name == other.backend_name  # type: ignore[attr-defined]
+        assert pa.default_memory_pool().backend_name == heap.DEFAULT_BACKEND
         assert kept.to_pylist()[-1] == 999  # still readable, freed by its own pool later
-        seen = []
+        entered = []
         real = heap.system_pool
 
         def watching():  # type: ignore[no-untyped-def]
-            seen.append(pa.default_memory_pool().backend_name)
+            entered.append(True)
             return real()
 
         monkeypatch.setattr(heap, "system_pool", watching)
         xpuprof.import_traces([EXAMPLE], tmp_path / "s.store", workers=1)
-        assert seen and pa.default_memory_pool().backend_name == other.backend_name  # type: ignore[attr-defined]
+        assert entered and pa.default_memory_pool().backend_name == heap.DEFAULT_BACKEND
         monkeypatch.setattr(heap, "system_pool", real)
-        monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", other.backend_name)  # type: ignore[attr-defined]
-        with heap.system_pool() as switched:
+        pa.set_memory_pool(_pool("jemalloc"))  # type: ignore[arg-type]
+        with heap.system_pool() as switched:  # chosen in code
+            assert not switched and pa.default_memory_pool().backend_name == "jemalloc"
+        pa.set_memory_pool(default)  # type: ignore[arg-type]
+        monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", heap.DEFAULT_BACKEND)
+        with heap.system_pool() as switched:  # chosen by the variable
             assert not switched
-            assert pa.default_memory_pool().backend_name == other.backend_name  # type: ignore[attr-defined]
+            assert pa.default_memory_pool().backend_name == heap.DEFAULT_BACKEND
     finally:
         pa.set_memory_pool(before)

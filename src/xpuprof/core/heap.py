@@ -140,18 +140,21 @@ def raised() -> bool:
 _pool_lock = threading.Lock()
 _pool_depth = 0
 _pool_before: list[object] = []
+#: Arrow's default pool, the one :func:`system_pool` replaces (any other was chosen by someone).
+DEFAULT_BACKEND = "mimalloc"
 
 
 @contextlib.contextmanager
 def system_pool() -> Iterator[bool]:
-    """Arrow's allocations on the system allocator for the block (yields whether it switched),
+    """Arrow's allocations on the system allocator for the block (yields whether they are),
     where nobody chose a pool: Arrow's default (mimalloc) keeps what a decoder frees for reuse
-    and, in the same process, a 2 GB Kineto file's one-piece import took 21.6-28.2 s and
-    peaked higher than on the system allocator (17.0-21.0 s; benchmarks/RESULTS.md). The
+    and, in the same process, a 2 GB Kineto file's one-piece import took 20.1 s with a 3.85 GB
+    peak against 17.2 s and 3.20 GB on the system allocator (benchmarks/RESULTS.md). The
     ``xpuprof`` command sets ``ARROW_DEFAULT_MEMORY_POOL=system`` before pyarrow is loaded; this
-    gives a Python caller's imports and the import's workers the same. Arrays keep the pool that
-    made them, so the switch back after the block is safe; nested and concurrent blocks share
-    one switch. Where the variable is set (to any pool) nothing is touched."""
+    gives a Python caller's imports and the import's workers the same. Arrays keep the pool
+    that made them, so switching back after the block is safe; nested and concurrent blocks
+    share one switch. Where the variable names a pool, or the pool in use is not Arrow's
+    default (someone called ``pyarrow.set_memory_pool``), nothing is touched."""
     import os
 
     global _pool_depth
@@ -161,10 +164,17 @@ def system_pool() -> Iterator[bool]:
     import pyarrow as pa
 
     with _pool_lock:
-        _pool_depth += 1
-        if _pool_depth == 1:
+        joined = _pool_depth > 0
+        if joined:
+            _pool_depth += 1
+        elif pa.default_memory_pool().backend_name == DEFAULT_BACKEND:
             _pool_before.append(pa.default_memory_pool())
             pa.set_memory_pool(pa.system_memory_pool())
+            _pool_depth = 1
+            joined = True
+    if not joined:
+        yield False
+        return
     try:
         yield True
     finally:
