@@ -79,6 +79,48 @@ def test_files_are_fed_to_free_workers_only() -> None:
     assert seen_done == [[], [True], [True, True]]
 
 
+def test_small_files_wait_on_a_busy_worker_one_at_a_time() -> None:
+    """A small file (``ahead`` says yes) is sent while the one thread is still busy, so the
+    worker goes on without a round trip through the client: never more than one waiting,
+    and every task's answer comes back once."""
+    from dask.distributed import Client, LocalCluster
+
+    from xpuprof.trace.ingest import _fed
+
+    jobs = [(Path(f"f{i}"), i) for i in range(4)]
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client:  # fmt: skip
+        sent: list = []
+        seen_done: list[list[bool]] = []
+
+        def submit(job):
+            seen_done.append([f.done() for f in sent])
+            fut = client.submit(_nap, 0.2, key=f"import-{job[1]}")
+            sent.append(fut)
+            return fut
+
+        ended = [f.key for f in _fed(client, jobs, submit, [], False, lambda job: True)]
+    assert sorted(ended) == [f"import-{i}" for i in range(4)]
+    # the second went out with the first still running; later ones each as one ended
+    assert seen_done == [[], [False], [True, False], [True, True, False]]
+
+
+def test_local_cluster_workers_run_no_profiler() -> None:
+    """The workers of the import's own cluster (one in this process, one forked) do not run
+    Dask's sampling profiler, which feeds only a dashboard this cluster does not have."""
+    from dask.distributed import Client
+
+    from xpuprof.trace.ingest import _local_cluster
+
+    with _local_cluster([], 2) as cluster, Client(cluster.scheduler_address) as client:
+        client.wait_for_workers(2, timeout=60)
+        running = client.run(lambda dask_worker: sorted(dask_worker.periodic_callbacks))
+    assert len(running) == 2
+    for callbacks in running.values():
+        assert "heartbeat" in callbacks  # what a worker does run is listed here
+        assert "profile" not in callbacks and "profile-cycle" not in callbacks
+
+
 def test_a_reader_registered_here_reaches_the_workers(ranks, tmp_path) -> None:
     """A reader added with ``formats.register`` in the importing process is known to Dask
     workers that never saw the call (separate processes of a cluster reached by address):
