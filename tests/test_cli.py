@@ -144,6 +144,20 @@ def test_every_tools_help_prints_its_options_whole() -> None:
     assert "no-sync[:REGEX] (and @REGION)" in shown and "(and @UNTIL)" in shown
 
 
+def test_the_command_list_shows_each_summary_as_one_sentence() -> None:
+    """``xpuprof --help`` lists each command with the first paragraph of its help, which
+    Rich prints with the docstring's own line breaks: every command registered with its
+    help on one line reads as whole sentences at any width."""
+    from xpuprof.ui.cli import app
+
+    for info in app.registered_commands:
+        name = info.name or info.callback.__name__
+        assert info.help, name  # None: Typer would use the raw docstring
+        assert "\n" not in info.help.split("\n\n")[0], name
+    listed = " ".join(invoke("--help").stdout.replace("│", " ").split())
+    assert "chrome://tracing), or its replay graph as Chakra execution traces" in listed
+
+
 def test_formats_are_listed_from_the_reader_registry() -> None:
     names = [n for n, _, _ in tools.input_formats()]
     assert {"kineto", "xplane"} <= set(names)

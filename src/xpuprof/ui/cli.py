@@ -80,13 +80,14 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(EXIT_ERROR)
 
 
-def _documented(name: str | None = None) -> Any:
+def _documented(name: str | None = None, **options: Any) -> Any:
     """``app.command`` with the docstring as help, each paragraph on one line: Rich's help
     keeps the docstring's line breaks, which read as broken sentences in a terminal."""
 
     def register(fn: Any) -> Any:
         paragraphs = (inspect.getdoc(fn) or "").split("\n\n")
-        return app.command(name, help="\n\n".join(" ".join(p.split()) for p in paragraphs))(fn)
+        text = "\n\n".join(" ".join(p.split()) for p in paragraphs)
+        return app.command(name, help=text, **options)(fn)
 
     return register
 
@@ -126,7 +127,7 @@ class _FormatsHelp(typer.core.TyperCommand):
         super().format_help(ctx, formatter)
 
 
-@app.command("import", cls=_FormatsHelp)
+@_documented("import", cls=_FormatsHelp)
 def import_cmd(
     paths: list[Path] = typer.Argument(
         ...,
@@ -213,7 +214,7 @@ def sql(
         render.result(Result(tables={"": df}), out, limit, wide=_WIDE["on"])
 
 
-@app.command()
+@_documented()
 def export(
     store: Path = typer.Argument(..., help="Store directory."),
     output: str = typer.Option(
@@ -282,7 +283,7 @@ def _export_chakra(store: Path, output: str, overlay: str | None, as_json: bool)
     out.print(f"wrote {len(paths)} Chakra ET file(s) to {escape(output)}")
 
 
-@app.command()
+@_documented()
 def report(
     store: Path = typer.Argument(..., help="The " + "store directory (or a trace file)."),
     output: Path = typer.Option(..., "-o", "--output", help="The HTML file to write."),
@@ -315,7 +316,7 @@ def report(
         )
 
 
-@app.command("ui")
+@_documented("ui")
 def web_ui(
     store: Path = typer.Argument(
         ..., help="A store directory, or a directory whose folders are stores."
@@ -357,7 +358,7 @@ def _seconds(text: str) -> float:
     return seconds
 
 
-@app.command()
+@_documented()
 def capture(
     url: str = typer.Argument(..., help="The job's capture server, e.g. http://127.0.0.1:8471"),
     store: Path = typer.Option(..., "-o", "--output", help="Store directory to write."),
@@ -381,7 +382,7 @@ def capture(
     show("info", [store], {}, as_json)
 
 
-@app.command(
+@_documented(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     options_metavar="[OPTIONS] -- COMMAND [ARGS]...",
 )
@@ -433,7 +434,7 @@ def leveled(
         render.result(answer, out, limit, "--limit N or --json for all", wide=_WIDE["on"])
 
 
-@app.command()
+@_documented()
 def sweep(
     output: Path = typer.Option(
         ...,
