@@ -105,20 +105,40 @@ def test_small_files_wait_on_a_busy_worker_one_at_a_time() -> None:
     assert seen_done == [[], [False], [True, False], [True, True, False]]
 
 
-def test_local_cluster_workers_run_no_profiler() -> None:
-    """The workers of the import's own cluster (one in this process, one forked) do not run
-    Dask's sampling profiler, which feeds only a dashboard this cluster does not have."""
+def test_local_cluster_runs_no_profiler_and_slower_monitors() -> None:
+    """The import's own cluster (a worker in this process, one forked, the scheduler) runs
+    no sampling profiler (it feeds only a dashboard this cluster does not have) and wakes
+    its monitors less often than Dask's defaults, which are set for long-lived clusters."""
+    import dask
     from dask.distributed import Client
+    from dask.utils import parse_timedelta
 
     from xpuprof.trace.ingest import _local_cluster
 
+    def default_ms(key: str) -> float:
+        return 1000 * parse_timedelta(dask.config.get(key))
+
     with _local_cluster([], 2) as cluster, Client(cluster.scheduler_address) as client:
         client.wait_for_workers(2, timeout=60)
-        running = client.run(lambda dask_worker: sorted(dask_worker.periodic_callbacks))
+        running = client.run(
+            lambda dask_worker: {
+                k: pc.callback_time for k, pc in dask_worker.periodic_callbacks.items()
+            }
+        )
+        scheduler = client.run_on_scheduler(
+            lambda dask_scheduler: {
+                k: pc.callback_time for k, pc in dask_scheduler.periodic_callbacks.items()
+            }
+        )
     assert len(running) == 2
     for callbacks in running.values():
         assert "heartbeat" in callbacks  # what a worker does run is listed here
         assert "profile" not in callbacks and "profile-cycle" not in callbacks
+        assert callbacks["tick"] > default_ms("distributed.admin.tick.interval")
+        assert callbacks["memory_monitor"] > default_ms(
+            "distributed.worker.memory.monitor-interval"
+        )
+    assert scheduler["tick"] > default_ms("distributed.admin.tick.interval")
 
 
 def test_a_reader_registered_here_reaches_the_workers(ranks, tmp_path) -> None:

@@ -107,6 +107,8 @@ def _on_dask(
     import dask
     from dask.distributed import Client, LocalCluster, as_completed
 
+    from xpuprof.trace.ingest import LOCAL_CLUSTER_CONFIG
+
     cluster = None
     if scheduler:
         client = Client(scheduler)
@@ -121,10 +123,8 @@ def _on_dask(
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["xpuprof.analysis.per_rank", module])
             method = "forkserver"
-        # no sampling profiler in the workers: ~4 % of a worker's CPU (measured on the
-        # import's tasks, see ``trace.ingest._local_cluster``) for a dashboard no one opens
-        config = {"distributed.worker.multiprocessing-method": method,
-                  "distributed.worker.profile.enabled": False}  # fmt: skip
+        # quieter monitors than Dask's defaults, as for imports (``LOCAL_CLUSTER_CONFIG``)
+        config = {**LOCAL_CLUSTER_CONFIG, "distributed.worker.multiprocessing-method": method}
         with dask.config.set(config):
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                    dashboard_address="127.0.0.1:0",
