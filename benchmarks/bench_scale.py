@@ -15,11 +15,15 @@ Numbers:
 * ``wall``: seconds around a fresh subprocess (Python start and imports included) that calls
   ``xpuprof.import_traces(files, store, workers=W)``; ``W = 1`` imports in that process (no
   Dask: what ``--workers 1`` does), ``W >= 2`` on a LocalCluster of W single-threaded worker
-  processes. ``import_s``: the seconds the import itself reports. Median over ``--runs``.
+  processes. ``import_s``: the seconds the import itself reports. Median over ``--runs``
+  timing runs, which follow one memory run per worker count; worker counts alternate within
+  each round. The timing runs sample the process tree every 250 ms only: sampling every 20 ms
+  costs ~10 % of this 2-core machine, which a 2-worker import loses and a 1-worker one takes
+  from its idle core, so it lowered the measured speed-up.
 * ``peak total``: the maximum over time of the RSS summed over the subprocess and all its
-  descendants, sampled every ~20 ms with psutil (pages shared after fork counted once per
-  process). ``peak per worker``: the largest peak RSS of one process that imports files: the
-  subprocess itself or a Dask worker process (the subprocess counts for W >= 2 as well: with
+  descendants, sampled every ~20 ms with psutil in the memory run (pages shared after fork counted
+  once per process). ``peak per worker``: the largest peak RSS of one process that imports files:
+  the subprocess itself or a Dask worker process (the subprocess counts for W >= 2 as well: with
   ingest's LocalCluster one of the W workers runs inside it — ``client.run(os.getpid)`` returns
   its pid for one worker and only W - 1 worker processes are forked); ``peak main``: the
   subprocess's.
@@ -288,12 +292,19 @@ def _maxrss() -> int:
 # --------------------------------------------------------------------------- measurement
 
 
-def measure(cmd: list[str], *, timeout: float) -> dict[str, Any]:
+#: psutil's sampling interval in the run that measures memory, and in the runs that time
+MEMORY_SAMPLE_S = 0.02
+TIMING_SAMPLE_S = 0.25
+
+
+def measure(cmd: list[str], *, timeout: float, interval: float = MEMORY_SAMPLE_S) -> dict[str, Any]:
     """Run ``cmd`` (``bench_import.measure``: wall time, the tree's peak RSS and CPU, the rest
     of the machine's CPU meanwhile), and tell its processes apart: the main one, the fork
     server, the resource tracker and the workers, each with its peak RSS."""
     load0 = os.getloadavg()
-    r = bi.measure(cmd, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    r = bi.measure(
+        cmd, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"), interval=interval
+    )
     per = r["procs"]
     main = per.get(r["pid"], {"peak": 0})["peak"]
     for pid, q in per.items():
@@ -353,16 +364,22 @@ def run_set(n: int, a: argparse.Namespace, stores: Path) -> dict[str, Any]:
         "generate_processes": man.get("processes"), "imports": {},
     }  # fmt: skip
     keep: Path | None = None
-    for w in a.workers:
-        runs = []
-        for i in range(a.runs):
+    runs: dict[str, list[dict[str, Any]]] = {str(w): [] for w in a.workers}
+    # round 0 measures memory (psutil every 20 ms, which costs CPU: ~10 % of this machine,
+    # taken from the import when both cores are busy with 2 workers, from the idle core with
+    # 1), the --runs rounds after it time the import (sampled every 250 ms); worker counts
+    # alternate within a round, so a drift of the machine's speed hits each alike
+    for i in range(a.runs + 1):
+        for w in a.workers:
             store = stores / f"scale-{n}r-w{w}-{i}-{os.getpid()}"
             shutil.rmtree(store, ignore_errors=True)
             if a.wait_idle:
                 wait_idle(a.wait_idle)
-            log(f"  [{n} ranks, workers {w}, run {i + 1}/{a.runs}] import ...")
+            what = "memory" if i == 0 else f"timing {i}/{a.runs}"
+            log(f"  [{n} ranks, workers {w}, {what}] import ...")
             r = measure(_self("--child", "import", "--store", str(store), "--workers", str(w),
-                              str(folder)), timeout=a.timeout)  # fmt: skip
+                              str(folder)), timeout=a.timeout,
+                        interval=MEMORY_SAMPLE_S if i == 0 else TIMING_SAMPLE_S)  # fmt: skip
             if r["rc"] != 0 or r["result"] is None:
                 log(r["output"][-3000:])
                 raise SystemExit(f"error: import of {n} ranks with {w} workers failed "
@@ -376,8 +393,9 @@ def run_set(n: int, a: argparse.Namespace, stores: Path) -> dict[str, Any]:
             log(f"    {r['wall_s']:.1f} s (import {res['import_s']:.1f} s), peak total "
                 f"{gb(r['peak_tree'])}, per worker {gb(per_worker)}, others' CPU "
                 f"{other_share(r):.0%}, load {r['load_before'][0]:.2f}")  # fmt: skip
-            runs.append(
-                {k: v for k, v in r.items() if k != "output"} | {"peak_per_worker": per_worker}
+            runs[str(w)].append(
+                {k: v for k, v in r.items() if k != "output"}
+                | {"peak_per_worker": per_worker, "memory_run": i == 0}
             )
             if keep is None or str(w) != "1":
                 if keep is not None and keep != store:
@@ -385,17 +403,20 @@ def run_set(n: int, a: argparse.Namespace, stores: Path) -> dict[str, Any]:
                 keep = store
             else:
                 shutil.rmtree(store, ignore_errors=True)
-        walls = [r["wall_s"] for r in runs]
-        out["imports"][str(w)] = {
-            "runs": runs, "wall_s_median": statistics.median(walls),
+    for w, rs in runs.items():
+        mem = [r for r in rs if r["memory_run"]]
+        timed = [r for r in rs if not r["memory_run"]] or mem
+        walls = [r["wall_s"] for r in timed]
+        out["imports"][w] = {
+            "runs": rs, "wall_s_median": statistics.median(walls),
             "wall_s_all": [round(x, 2) for x in walls],
-            "import_s_median": statistics.median(r["result"]["import_s"] for r in runs),
-            "cpu_s_median": statistics.median(r["cpu_s_sampled"] for r in runs),
-            "peak_tree_median": int(statistics.median(r["peak_tree"] for r in runs)),
-            "peak_per_worker_max": max(r["peak_per_worker"] for r in runs),
-            "peak_main_max": max(r["peak_main"] for r in runs),
-            "others_share_max": max(other_share(r) for r in runs),
-            "rows": runs[-1]["result"]["rows"], "events_read": runs[-1]["result"]["events_read"],
+            "import_s_median": statistics.median(r["result"]["import_s"] for r in timed),
+            "cpu_s_median": statistics.median(r["cpu_s_sampled"] for r in timed),
+            "peak_tree_median": int(statistics.median(r["peak_tree"] for r in mem)),
+            "peak_per_worker_max": max(r["peak_per_worker"] for r in rs),
+            "peak_main_max": max(r["peak_main"] for r in rs),
+            "others_share_max": max(other_share(r) for r in timed),
+            "rows": rs[-1]["result"]["rows"], "events_read": rs[-1]["result"]["events_read"],
         }  # fmt: skip
     if a.phases and keep is not None:
         log(f"  [{n} ranks] analyses: {', '.join(a.phases)} ...")
@@ -447,7 +468,8 @@ def render(res: dict[str, Any]) -> str:
         f"Machine: {m['cpu']}, {m['cores_logical']} logical cores, "
         f"{m['ram_bytes'] / 2**30:.1f} GiB RAM, Python {m['python']}; load average at start "
         f"{res['load_start']}, shared with other agents. Command: `{res['command']}`. "
-        f"Runs per configuration: {res['runs']} (median).",
+        f"Runs per configuration: one for memory (sampled every 20 ms), then {res['runs']} "
+        "timed (sampled every 250 ms; median), worker counts alternating.",
         "",
         "| ranks | events | JSON | generate | workers | wall (median) | import | CPU (tree) "
         "| peak total | peak per worker | per rank | others' CPU |",
@@ -475,6 +497,8 @@ def render(res: dict[str, Any]) -> str:
         per = ", ".join(f"{n}: {1000 * t:.0f} ms" for n, t in r["per_rank_cpu_s"][w].items())
         lines.append(f"| CPU per rank, {w} worker(s) ({per}): largest N / smallest N | {v:.2f} "
                      "| ~1.0 (linear) |")  # fmt: skip
+    if not any(s.get("analyses") for s in res["sets"]):
+        return "\n".join(lines)
     lines += ["", "| ranks | phase | s | peak RSS | result |", "|---|---|---|---|---|"]
     for s in res["sets"]:
         an = s.get("analyses") or {}
@@ -555,7 +579,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="1,2",
                     help="comma-separated worker counts (1: in-process; dN: N Dask workers on "
                     "a LocalCluster made by the benchmark)")  # fmt: skip
-    ap.add_argument("--runs", type=int, default=1, help="imports per configuration (median)")
+    ap.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="timed imports per configuration (median), after one that measures memory",
+    )
     ap.add_argument(
         "--steps",
         type=int,
