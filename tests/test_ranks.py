@@ -71,6 +71,9 @@ def test_the_rank_others_wait_for_holds_the_step_and_its_extra_work_is_the_cause
     assert slow.loc[[0, 2], "cause"].isna().all()
     assert res.facts["holder"] == 2 and res.facts["held_steps"] == 1
     assert "Rank 2 held the job back in 1 of 3 step(s)" in res.facts["headline"]
+    # 300 µs caused in all, by the three others' 100 µs each
+    assert "the other 3 rank(s) waited 300 µs per step" in res.facts["headline"]
+    assert "(100 µs each on average)" in res.facts["headline"]
     # a one-off: rank 2 usually causes no wait (median of 0, 300, 0 µs)
     out = res.tables["outliers"]
     assert list(out[["rank", "step"]].itertuples(index=False, name=None)) == [(2, 1)]

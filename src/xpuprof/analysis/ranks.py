@@ -345,7 +345,8 @@ def _notes(slowest: pd.DataFrame) -> list[str]:
 
 def _facts(slowest: pd.DataFrame, steps: pd.DataFrame,
            outliers: pd.DataFrame) -> dict[str, object]:  # fmt: skip
-    facts: dict[str, object] = {"steps": len(slowest), "ranks": int(steps["part"].nunique())}
+    n_ranks = int(steps["part"].nunique())
+    facts: dict[str, object] = {"steps": len(slowest), "ranks": n_ranks}
     one_off = ""
     if len(outliers):
         o = outliers.iloc[0]
@@ -353,8 +354,8 @@ def _facts(slowest: pd.DataFrame, steps: pd.DataFrame,
         facts["outlier_step"] = None if pd.isna(o["step"]) else int(o["step"])
         facts["outlier_excess_ns"] = int(o["excess_ns"])
         one_off = (f" Rank {facts['outlier_rank']} in step {facts['outlier_step']} held the "
-                   f"others back {human_time(o['excess_ns'])} more than it usually does (a "
-                   "one-off straggler).")  # fmt: skip
+                   f"others back {human_time(o['excess_ns'])} more in all than it usually "
+                   "does (a one-off straggler).")  # fmt: skip
     waited = slowest[slowest["basis"] == "waited for"]
     if waited.empty:
         facts["headline"] = (f"No rank held the others back in {len(slowest)} step(s) "
@@ -378,8 +379,12 @@ def _facts(slowest: pd.DataFrame, steps: pd.DataFrame,
         why = (f"; it started its step {human_time(ns)} after the median rank" if c == "late start"
                else f"; its {DESCRIPTION.get(c, c)} took {human_time(ns)} more than the median "
                "rank's")  # fmt: skip
+    # caused_ns sums the waits of every other rank: with 63 of them it can exceed the step
+    # itself, so the headline says so and gives the mean per rank beside it
+    others = max(1, n_ranks - 1)
     facts["headline"] = (
         f"Rank {holder} held the job back in {len(mine)} of {len(slowest)} step(s): the other "
-        f"ranks waited {human_time(per_step)} per step for it in their collectives{why}." + one_off
+        f"{others} rank(s) waited {human_time(per_step)} per step for it in their collectives "
+        f"({human_time(per_step / others)} each on average){why}." + one_off
     )
     return facts
