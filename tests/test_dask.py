@@ -52,16 +52,14 @@ def _nap(seconds: float) -> float:
     return seconds
 
 
-def test_files_are_fed_to_free_workers_only() -> None:
-    """A file is submitted only when a worker thread is free for it: with one thread, the
-    next task goes out only once the one before has ended (Dask's own queueing would have
-    handed both to that worker at once when there are few files, leaving a worker that joins
-    later with nothing); every task's answer comes back, each once."""
+def _feed(n: int, small: bool) -> tuple[list[str], list[list[bool]]]:
+    """``n`` tasks of 0.2 s through ``ingest._fed`` on one worker thread: the keys in the
+    order they ended, and for each submission whether each task sent before it was done."""
     from dask.distributed import Client, LocalCluster
 
     from xpuprof.trace.ingest import _fed
 
-    jobs = [(Path(f"f{i}"), i) for i in range(3)]
+    jobs = [(Path(f"f{i}"), i) for i in range(n)]
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                       dashboard_address=None) as cluster, Client(cluster) as client:  # fmt: skip
         sent: list = []
@@ -73,7 +71,16 @@ def test_files_are_fed_to_free_workers_only() -> None:
             sent.append(fut)
             return fut
 
-        ended = [f.key for f in _fed(client, jobs, submit, [], False)]
+        ended = [f.key for f in _fed(client, jobs, submit, [], False, lambda job: small)]
+    return ended, seen_done
+
+
+def test_files_are_fed_to_free_workers_only() -> None:
+    """A file is submitted only when a worker thread is free for it: with one thread, the
+    next task goes out only once the one before has ended (Dask's own queueing would have
+    handed both to that worker at once when there are few files, leaving a worker that joins
+    later with nothing); every task's answer comes back, each once."""
+    ended, seen_done = _feed(3, small=False)
     assert sorted(ended) == ["import-0", "import-1", "import-2"]
     # each submission found every earlier task done: never two on the one thread
     assert seen_done == [[], [True], [True, True]]
@@ -83,23 +90,7 @@ def test_small_files_wait_on_a_busy_worker_one_at_a_time() -> None:
     """A small file (``ahead`` says yes) is sent while the one thread is still busy, so the
     worker goes on without a round trip through the client: never more than one waiting,
     and every task's answer comes back once."""
-    from dask.distributed import Client, LocalCluster
-
-    from xpuprof.trace.ingest import _fed
-
-    jobs = [(Path(f"f{i}"), i) for i in range(4)]
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=None) as cluster, Client(cluster) as client:  # fmt: skip
-        sent: list = []
-        seen_done: list[list[bool]] = []
-
-        def submit(job):
-            seen_done.append([f.done() for f in sent])
-            fut = client.submit(_nap, 0.2, key=f"import-{job[1]}")
-            sent.append(fut)
-            return fut
-
-        ended = [f.key for f in _fed(client, jobs, submit, [], False, lambda job: True)]
+    ended, seen_done = _feed(4, small=True)
     assert sorted(ended) == [f"import-{i}" for i in range(4)]
     # the second went out with the first still running; later ones each as one ended
     assert seen_done == [[], [False], [True, False], [True, True, False]]
