@@ -280,6 +280,27 @@ def test_names_too_long_for_the_terminal_are_cut_in_the_middle() -> None:
     assert fwd + "_backward" in _render(Result(tables={"ops": rows}), 40, wide=True)
 
 
+def test_headline_and_notes_never_leave_a_unit_alone_on_a_line() -> None:
+    """A headline or note is cut into lines without parting a number from its unit: at every
+    width from 30 to 90 columns the words come back whole, no line is wider than the terminal,
+    and no line starts with the unit of a number that ended the line before."""
+    head = ("Rank 15 held the job back in 12 of 12 step(s): the other 63 rank(s) waited 283.9 "
+            "ms per step for it in their collectives (4.506 ms each on average); it started its "
+            "step 4.523 ms after the median rank, 97 % of the path, 3.2 GiB at the peak.")
+    note = "the 2 ranks with 17 µs of skew were left out, 5 s and 40 steps after the start."
+    res = Result(facts={"headline": head}, notes=[note])
+    units = ("ns", "µs", "ms", "s", "%", "GiB")
+    for width in range(30, 91):
+        text = _render(res, width)
+        lines = text.splitlines()
+        assert all(len(line) <= width for line in lines), width
+        assert " ".join(text.split()) == " ".join((head + " note: " + note).split()), width
+        for before, line in zip(lines, lines[1:], strict=False):
+            first = line.split()[0] if line.split() else ""
+            assert not (first.strip(",.;()") in units and re.search(r"\d$", before.rstrip())), (
+                width, before, line)
+
+
 def test_units_by_hand() -> None:
     """3 GiB = 3 · 2^30 bytes; 12.5e9 B/s = 12.5 GB/s; 3.2e14 FLOP/s = 320 TFLOP/s; a
     fraction 0.125 = 12.5 %; 1.5e6 ns = 1.5 ms; 2_500 µs (a ``_us`` column) = 2.5 ms."""

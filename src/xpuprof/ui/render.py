@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -468,6 +470,21 @@ def _origin(res: Result) -> int | None:
     return int(start) if isinstance(start, (int, float)) and not _missing(start) else None
 
 
+# a space between a number and its unit ("283.9 ms", "15 %", "3.2 GiB"): where a line may not
+# break, or the unit starts the next line alone
+_UNITS = "|".join(re.escape(u) for _, u in (*TIME_UNITS, *BYTE_UNITS, (0, "GB"), (0, "MB")))
+_UNIT_GAP = re.compile(rf"(?<=\d) (?=(?:{_UNITS}|%)(?!\w))")
+
+
+def _prose(text: str, width: int, indent: str = "") -> str:
+    """``text`` cut into lines of at most ``width`` (Rich's own wrapping may cut "283.9 ms"
+    between the number and its unit), later lines indented by ``indent``'s width."""
+    glued = _UNIT_GAP.sub("\u00a0", text)  # textwrap breaks at ASCII whitespace only
+    lines = textwrap.wrap(glued, width=max(20, width), subsequent_indent=" " * len(indent),
+                          break_long_words=False, break_on_hyphens=False)  # fmt: skip
+    return "\n".join(lines).replace("\u00a0", " ")
+
+
 def result(res: Result, out: Console, limit: int = 20,
            more: str = "--limit N or --json for all", wide: bool = False) -> None:  # fmt: skip
     """Print the headline, each table as its presentation says (empty tables are left out:
@@ -475,7 +492,8 @@ def result(res: Result, out: Console, limit: int = 20,
     ``wide``: every column and full names, past the terminal's width if need be."""
     headline = res.facts.get("headline")
     if isinstance(headline, str) and headline:
-        out.print(f"[bold]{escape(headline)}[/]", highlight=False)
+        text = _prose(headline, out.width - 1)
+        out.print(f"[bold]{escape(text)}[/]", highlight=False, soft_wrap=True)
     for name, table in res.tables.items():
         p = res.present.get(name, Presentation())
         cols, rows, n = _columns_rows(table, None if p.all_rows else limit)
@@ -506,7 +524,8 @@ def result(res: Result, out: Console, limit: int = 20,
             out.print(f"(too wide for this terminal: {escape(', '.join(lay.narrow))}; --wide "
                       "or --json has every column)", style="dim", highlight=False)  # fmt: skip
     for note in merge_notes(res.notes):
-        out.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+        text = _prose("note: " + note, out.width - 1, indent="")[len("note: ") :]
+        out.print(f"[yellow]note:[/] {escape(text)}", highlight=False, soft_wrap=True)
     if not (headline or res.notes or any(len(t) for t in res.tables.values())):
         out.print("(nothing to show: no rows and no notes)", highlight=False)
 
