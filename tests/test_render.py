@@ -284,9 +284,11 @@ def test_headline_and_notes_never_leave_a_unit_alone_on_a_line() -> None:
     """A headline or note is cut into lines without parting a number from its unit: at every
     width from 30 to 90 columns the words come back whole, no line is wider than the terminal,
     and no line starts with the unit of a number that ended the line before."""
-    head = ("Rank 15 held the job back in 12 of 12 step(s): the other 63 rank(s) waited 283.9 "
-            "ms per step for it in their collectives (4.506 ms each on average); it started its "
-            "step 4.523 ms after the median rank, 97 % of the path, 3.2 GiB at the peak.")
+    head = (
+        "Rank 15 held the job back in 12 of 12 step(s): the other 63 rank(s) waited 283.9 "
+        "ms per step for it in their collectives (4.506 ms each on average); it started its "
+        "step 4.523 ms after the median rank, 97 % of the path, 3.2 GiB at the peak."
+    )
     note = "the 2 ranks with 17 µs of skew were left out, 5 s and 40 steps after the start."
     res = Result(facts={"headline": head}, notes=[note])
     units = ("ns", "µs", "ms", "s", "%", "GiB")
@@ -298,7 +300,10 @@ def test_headline_and_notes_never_leave_a_unit_alone_on_a_line() -> None:
         for before, line in zip(lines, lines[1:], strict=False):
             first = line.split()[0] if line.split() else ""
             assert not (first.strip(",.;()") in units and re.search(r"\d$", before.rstrip())), (
-                width, before, line)
+                width,
+                before,
+                line,
+            )
 
 
 def test_units_by_hand() -> None:
