@@ -65,7 +65,7 @@ _ASK_EVERY = 0.25
 #: every thread's stack each 10 ms (4 % of a worker's CPU on an import of 64 files), and the
 #: event loops' tick monitor, the memory monitors and the system monitor wake every
 #: 20-500 ms. An idle 2-worker import cluster used 6.2 % of a core in this process and
-#: 2.2 % in the forked worker with them, 1.5 % and 0.4 % with these (RESULTS.md).
+#: 2.2 % in the forked worker with them, 1.4 % and 0.4 % with these (RESULTS.md).
 LOCAL_CLUSTER_CONFIG: dict[str, Any] = {
     "distributed.worker.profile.enabled": False,
     "distributed.admin.tick.interval": "200ms",

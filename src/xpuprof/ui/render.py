@@ -476,12 +476,12 @@ _UNITS = "|".join(re.escape(u) for _, u in (*TIME_UNITS, *BYTE_UNITS, (0, "GB"),
 _UNIT_GAP = re.compile(rf"(?<=\d) (?=(?:{_UNITS}|%)(?!\w))")
 
 
-def _prose(text: str, width: int, indent: str = "") -> str:
+def _prose(text: str, width: int) -> str:
     """``text`` cut into lines of at most ``width`` (Rich's own wrapping may cut "283.9 ms"
-    between the number and its unit), later lines indented by ``indent``'s width."""
+    between the number and its unit)."""
     glued = _UNIT_GAP.sub("\u00a0", text)  # textwrap breaks at ASCII whitespace only
-    lines = textwrap.wrap(glued, width=max(20, width), subsequent_indent=" " * len(indent),
-                          break_long_words=False, break_on_hyphens=False)  # fmt: skip
+    lines = textwrap.wrap(glued, width=max(20, width), break_long_words=False,
+                          break_on_hyphens=False)  # fmt: skip
     return "\n".join(lines).replace("\u00a0", " ")
 
 
@@ -524,7 +524,7 @@ def result(res: Result, out: Console, limit: int = 20,
             out.print(f"(too wide for this terminal: {escape(', '.join(lay.narrow))}; --wide "
                       "or --json has every column)", style="dim", highlight=False)  # fmt: skip
     for note in merge_notes(res.notes):
-        text = _prose("note: " + note, out.width - 1, indent="")[len("note: ") :]
+        text = _prose("note: " + note, out.width - 1)[len("note: ") :]
         out.print(f"[yellow]note:[/] {escape(text)}", highlight=False, soft_wrap=True)
     if not (headline or res.notes or any(len(t) for t in res.tables.values())):
         out.print("(nothing to show: no rows and no notes)", highlight=False)
