@@ -197,6 +197,37 @@ def test_a_declined_run_leaves_the_id_maps_alone(tmp_path: Path) -> None:
     assert fast.tables["events"]["tid"].to_pylist() == [-1]
 
 
+@needs_scanner
+def test_scratch_memory_is_reused_then_given_back(tmp_path: Path) -> None:
+    """The scan's per-entry arrays are handed over without a copy and their memory reused by
+    the next scan; a file's read gives it all back (nothing held between reads, as anything
+    that runs inside a training process must)."""
+    import numpy as np
+
+    scanner = fields.scanner
+    scanner.trim()
+    entries = [b'{"ph": "X", "ts": %d, "dur": 1, "name": "op%d", "args": {"External id": %d}}'
+               % (i, i, i) for i in range(3000)]  # fmt: skip
+    got = scanner.scan(b"[" + b",".join(entries) + b"]")
+    n, kinds, ivals = got[0], got[1], got[2]
+    assert n == 3000
+    assert memoryview(kinds).readonly and memoryview(kinds).nbytes == n * len(fields.FIELDS)
+    ext = np.frombuffer(ivals, dtype=np.int64).reshape(n, -1)[:, fields.FIELDS.index("External id")]
+    assert ext.tolist() == list(range(3000))  # the values the text holds, by hand
+    assert scanner.kept() == 0  # all three arrays in use
+    del got, kinds, ivals, ext
+    held = scanner.kept()
+    assert held >= 3000 * len(fields.FIELDS) * (1 + 8 + 16)
+    # a shorter run reuses that memory, and sees none of the longer run's values
+    assert same_or_declined(b'[{"ph": "X", "ts": 5, "name": "x"}, {"ph": "i", "ts": 6}]')
+    assert scanner.kept() == held
+    path = tmp_path / "t.json"
+    path.write_bytes(b'{"traceEvents": [' + b",".join(entries) + b"]}")
+    raw = decode.read(path)
+    assert raw.tables["events"].num_rows == 3000
+    assert scanner.kept() == 0
+
+
 # -- real traces: the whole read, scanner against msgspec --------------------------------------
 
 

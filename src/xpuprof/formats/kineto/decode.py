@@ -326,4 +326,7 @@ def read(
     p = Path(path)
     if not p.is_file():
         raise TraceFormatError(p, "no such file")
-    return Decoder(p, lenient, progress).read()
+    try:
+        return Decoder(p, lenient, progress).read()
+    finally:
+        fields.trim()  # the scanner's scratch memory: held while a file is read, not after

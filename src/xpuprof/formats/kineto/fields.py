@@ -152,6 +152,12 @@ class _Scanned:
         return self.text(name, self.kinds[:, _AT[name]] != ABSENT, large=True)
 
 
+def trim() -> None:
+    """Free the memory the scanner keeps between runs (a file's read is over)."""
+    if scanner is not None:
+        scanner.trim()
+
+
 def batch(text: Any, index0: int, ctx: IdMaps) -> pa.RecordBatch | None:
     """The raw columns of a run of entries (``[entry, …]`` text, numbered from ``index0``),
     equal to what ``columns.columns`` makes of msgspec's decode of it; None when the compiled

@@ -54,6 +54,7 @@ import pyarrow.compute as pc
 from xpuprof.core.errors import TraceFormatError
 from xpuprof.core.raw import KINDS, RAW_SCHEMA, RawTrace
 from xpuprof.formats.gz import MAGIC
+from xpuprof.formats.kineto import fields
 from xpuprof.formats.kineto.columns import IdMaps
 from xpuprof.formats.kineto.decode import Decoder
 from xpuprof.formats.kineto.stream import BLOCK_BYTES, Text, threaded
@@ -305,6 +306,7 @@ def decode_piece(
         ok = False
     finally:
         dec.close()
+        fields.trim()
         if not ok:
             _remove(spill, dec.files.values())
         dec.batches = {}
