@@ -211,7 +211,8 @@ def import_pieces(
     if rank_hint is None:
         n = rank_from_name(Path(path))
         rank_hint = (n, "file name") if n is not None else None
-    entry = write_raw(raw, part, out_dir, rank_hint=rank_hint)
+    with _no_gc():
+        entry = write_raw(raw, part, out_dir, rank_hint=rank_hint)
     entry.update(path=path, size=plan["size"], mtime_ns=plan["mtime_ns"])
     return entry
 
@@ -248,7 +249,8 @@ def import_file(
     if rank_hint is None:
         n = rank_from_name(p)
         rank_hint = (n, "file name") if n is not None else None
-    entry = write_raw(raw, part, out_dir, rank_hint=rank_hint)
+    with _no_gc():  # the FLOPs derivation decodes every op's args: objects by the million
+        entry = write_raw(raw, part, out_dir, rank_hint=rank_hint)
     entry.update(path=str(p), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
     return entry
 
