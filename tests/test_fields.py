@@ -228,6 +228,31 @@ def test_scratch_memory_is_reused_then_given_back(tmp_path: Path) -> None:
     assert scanner.kept() == 0
 
 
+@needs_scanner
+def test_threads_scanning_at_once_each_get_their_own_arrays() -> None:
+    """The scan lets the GIL go, so two threads can scan at once and share the kept memory: each
+    must still see its own run's values, never the other's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    at = fields.FIELDS.index("External id")
+
+    def run(k: int) -> bool:
+        entry = b'{"ph": "X", "ts": 0, "args": {"External id": %d}}'
+        text = b"[" + b",".join(entry % (k * 10**6 + i) for i in range(2000 + k)) + b"]"
+        for _ in range(30):
+            n, _kinds, ivals, _spans, _texts = fields.scanner.scan(text)
+            got = np.frombuffer(ivals, dtype=np.int64).reshape(n, -1)[:, at]
+            if n != 2000 + k or got.tolist() != [k * 10**6 + i for i in range(n)]:
+                return False
+        return True
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(run, range(8)))
+    fields.trim()
+
+
 # -- real traces: the whole read, scanner against msgspec --------------------------------------
 
 
