@@ -96,6 +96,44 @@ def test_small_files_wait_on_a_busy_worker_one_at_a_time() -> None:
     assert seen_done == [[], [False], [True, False], [True, True, False]]
 
 
+def _asks(client, expect: int) -> int:
+    """Two files of 0.6 s fed to ``client``'s one worker thread by ``ingest._fed`` told to
+    expect ``expect`` threads: how many times it asked the scheduler for the thread count."""
+    from xpuprof.trace import ingest
+
+    count = [0]
+
+    class Counting:
+        def nthreads(self):
+            count[0] += 1
+            return client.nthreads()
+
+    sent: list = []
+
+    def submit(job):
+        assert all(f.done() for f in sent)  # one thread: one file at a time
+        sent.append(client.submit(_nap, 0.6, key=f"import-{expect}-{job[1]}"))
+        return sent[-1]
+
+    jobs = [(Path(f"f{i}"), i) for i in range(2)]
+    assert len(list(ingest._fed(Counting(), jobs, submit, [], False, expect=expect))) == 2
+    return count[0]
+
+
+def test_the_scheduler_is_asked_often_while_workers_are_still_joining() -> None:
+    """While fewer threads have joined than the cluster will have (a forked worker is up a
+    second into an import), the feeder asks the scheduler every ``_ASK_SOON`` seconds, so the
+    new worker gets a file at once; once all are there, rarely. One worker thread, two files
+    of 0.6 s: expecting two threads it asks about 12 times per file (at least 5 asserted),
+    expecting one about once (at most 3), and both runs feed the files one at a time."""
+    from dask.distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client:  # fmt: skip
+        growing, full = _asks(client, 2), _asks(client, 1)
+    assert growing >= 5 and full <= 3, (growing, full)
+
+
 def test_local_cluster_runs_no_profiler_and_slower_monitors() -> None:
     """The import's own cluster (a worker in this process, one forked, the scheduler) runs
     no sampling profiler (it feeds only a dashboard this cluster does not have) and wakes

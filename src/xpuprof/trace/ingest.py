@@ -58,8 +58,11 @@ _SPILL = ".pieces"
 #: (a round trip through this process costs 5-15 ms a file; a file this size takes ~0.2 s,
 #: the most a worker can be left idle by one sent to the wrong worker).
 AHEAD_MAX_BYTES = 16 << 20
-# how often to ask the scheduler how many threads there are (workers join as they start)
+# how often to ask the scheduler how many threads there are (workers join as they start):
+# often while fewer than expected have joined (a forked worker is up ~1 s into an import, and
+# every tenth of a second it waits unseen is a tenth of a core lost), then rarely
 _ASK_EVERY = 0.25
+_ASK_SOON = 0.05
 #: Dask settings for the clusters xpuprof starts on this machine (imports, per-rank analyses).
 #: Dask's defaults suit a long-lived cluster with a dashboard: a statistical profiler samples
 #: every thread's stack each 10 ms (4 % of a worker's CPU on an import of 64 files), and the
@@ -707,7 +710,7 @@ def _submit_all(
         return sizes[f"import-{job[1]}"] <= AHEAD_MAX_BYTES
 
     for fut in _fed(client, whole, submit, [f for f in futures if f.key.startswith("import-")],
-                    bool(plans), small):  # fmt: skip
+                    bool(plans), small, expect=n_workers):  # fmt: skip
         try:
             entry = fut.result()
             if fut.key in hashes and not entry["sha256"]:  # not decoded again in one piece
@@ -732,6 +735,7 @@ def _fed(
     waited: list[Any],
     all_at_once: bool,
     ahead: Callable[[tuple[Path, int]], bool] = lambda job: False,
+    expect: int = 1,
 ) -> Iterator[Any]:
     """The import tasks as they end: ``waited`` (submitted already) and one per job of
     ``todo``, submitted only when a worker thread is free for it, so a worker that joins
@@ -741,7 +745,8 @@ def _fed(
     accepts (a small file) is sent one early, while each thread is still busy, so that a
     worker goes on to it without waiting for this process to hear that its last file ended.
     ``all_at_once``: everything submitted now (a file cut in pieces keeps the workers busy
-    anyway)."""
+    anyway). ``expect``: the threads the cluster will have once every worker has joined
+    (until then the scheduler is asked every ``_ASK_SOON`` seconds)."""
     from distributed import wait
 
     todo = list(todo)
@@ -751,13 +756,15 @@ def _fed(
     pending = set(waited)
     threads, asked = 1, -math.inf
     while todo or pending:
+        every = _ASK_SOON if threads < expect else _ASK_EVERY
         if todo:
-            if time.monotonic() - asked > _ASK_EVERY:  # a round trip to the scheduler
+            if time.monotonic() - asked > every:  # a round trip to the scheduler
                 threads, asked = max(1, sum(client.nthreads().values())), time.monotonic()
+                every = _ASK_SOON if threads < expect else _ASK_EVERY
             while todo and len(pending) < threads * (2 if ahead(todo[0]) else 1):
                 pending.add(submit(todo.pop(0)))
         try:
-            ended = wait(list(pending), timeout=0.2 if todo else None,
+            ended = wait(list(pending), timeout=min(every, 0.2) if todo else None,
                          return_when="FIRST_COMPLETED").done  # fmt: skip
         except TimeoutError:  # no task ended: a worker may have joined
             continue
