@@ -756,15 +756,16 @@ def _fed(
     pending = set(waited)
     threads, asked = 1, -math.inf
     while todo or pending:
-        every = _ASK_SOON if threads < expect else _ASK_EVERY
+        joining = threads < expect
         if todo:
-            if time.monotonic() - asked > every:  # a round trip to the scheduler
+            # a round trip to the scheduler
+            if time.monotonic() - asked > (_ASK_SOON if joining else _ASK_EVERY):
                 threads, asked = max(1, sum(client.nthreads().values())), time.monotonic()
-                every = _ASK_SOON if threads < expect else _ASK_EVERY
+                joining = threads < expect
             while todo and len(pending) < threads * (2 if ahead(todo[0]) else 1):
                 pending.add(submit(todo.pop(0)))
         try:
-            ended = wait(list(pending), timeout=min(every, 0.2) if todo else None,
+            ended = wait(list(pending), timeout=(_ASK_SOON if joining else 0.2) if todo else None,
                          return_when="FIRST_COMPLETED").done  # fmt: skip
         except TimeoutError:  # no task ended: a worker may have joined
             continue

@@ -369,6 +369,8 @@ typedef struct {
 #define CACHE_MAX ((size_t)32 << 20)
 static void *CACHE[3];
 static size_t CACHE_CAP[3];
+/* bytes per entry of each array, by slot */
+static const size_t ROW_BYTES[3] = {NF * 2 * sizeof(int64_t), NF, NF * sizeof(int64_t)};
 
 static void *cache_take(int slot, size_t *cap) {
     void *p = CACHE[slot];
@@ -409,16 +411,17 @@ static PyTypeObject BufType = {
     .tp_doc = "A scan's per-entry array (read it with numpy.frombuffer).",
 };
 
-/* a Buf taking over p (freed or kept by the Buf from now on, also on failure) */
-static PyObject *buf_new(int slot, void *p, Py_ssize_t len, size_t cap) {
+/* a Buf taking over p, an array of ``cap`` entries of which ``count`` are used (freed or kept
+ * by the Buf from now on, also on failure) */
+static PyObject *buf_new(int slot, void *p, Py_ssize_t count, Py_ssize_t cap) {
     Buf *b = PyObject_New(Buf, &BufType);
     if (!b) {
-        cache_give(slot, p, cap);
+        cache_give(slot, p, (size_t)cap * ROW_BYTES[slot]);
         return NULL;
     }
     b->p = p;
-    b->len = len;
-    b->cap = cap;
+    b->len = count * (Py_ssize_t)ROW_BYTES[slot];
+    b->cap = (size_t)cap * ROW_BYTES[slot];
     b->slot = slot;
     return (PyObject *)b;
 }
@@ -440,11 +443,10 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     s.kind = cache_take(1, &caps[1]);
     s.ival = cache_take(2, &caps[2]);
     if (s.span && s.kind && s.ival) {
-        Py_ssize_t rows = (Py_ssize_t)(caps[0] / (NF * 2 * sizeof(int64_t)));
-        if ((Py_ssize_t)(caps[1] / NF) < rows) rows = (Py_ssize_t)(caps[1] / NF);
-        if ((Py_ssize_t)(caps[2] / (NF * sizeof(int64_t))) < rows)
-            rows = (Py_ssize_t)(caps[2] / (NF * sizeof(int64_t)));
-        s.cap = rows;
+        size_t rows = caps[0] / ROW_BYTES[0];
+        for (int k = 1; k < 3; k++)
+            if (caps[k] / ROW_BYTES[k] < rows) rows = caps[k] / ROW_BYTES[k];
+        s.cap = (Py_ssize_t)rows;
     } else {
         free(s.span);
         free(s.kind);
@@ -491,9 +493,9 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
         if (!PyTuple_GET_ITEM(texts, t)) goto done;
     }
     /* the Bufs own the arrays from here */
-    spans = buf_new(0, s.span, s.count * NF * 16, (size_t)s.cap * NF * 16);
-    kinds = buf_new(1, s.kind, s.count * NF, (size_t)s.cap * NF);
-    ivals = buf_new(2, s.ival, s.count * NF * 8, (size_t)s.cap * NF * 8);
+    spans = buf_new(0, s.span, s.count, s.cap);
+    kinds = buf_new(1, s.kind, s.count, s.cap);
+    ivals = buf_new(2, s.ival, s.count, s.cap);
     s.span = NULL;
     s.kind = NULL;
     s.ival = NULL;
@@ -509,9 +511,9 @@ done:
     Py_XDECREF(spans);
     Py_XDECREF(texts);
     /* still here when the scan declined or failed: kept for the next scan */
-    cache_give(0, s.span, (size_t)s.cap * NF * 16);
-    cache_give(1, s.kind, (size_t)s.cap * NF);
-    cache_give(2, s.ival, (size_t)s.cap * NF * 8);
+    cache_give(0, s.span, (size_t)s.cap * ROW_BYTES[0]);
+    cache_give(1, s.kind, (size_t)s.cap * ROW_BYTES[1]);
+    cache_give(2, s.ival, (size_t)s.cap * ROW_BYTES[2]);
     PyBuffer_Release(&view);
     return out;
 }
