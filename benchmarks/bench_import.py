@@ -478,6 +478,7 @@ def render(res: dict[str, Any]) -> str:
         ".2f",
         None if not big else big["peak_rss_median"] <= 4e9,
     )
+    _workers_rows(res, row)
     if res.get("hta_kept"):
         k = res["hta_kept"]
         lines += [
@@ -488,6 +489,31 @@ def render(res: dict[str, Any]) -> str:
         for cat, n in sorted(d["by_cat"].items(), key=lambda kv: -kv[1]):
             lines.append(f"- {cat}: {n:,} → {k['kept_by_cat'].get(cat, 0):,}")
     return "\n".join(lines)
+
+
+def _workers_rows(res: dict[str, Any], row: Callable[..., None]) -> None:
+    """The big file's 2-worker speed-up, and the most two workers could gain on this machine.
+
+    Why the bound: a 1-worker import is not one core's work. Its reader thread reads and
+    hashes, its writer thread writes the events while the flows are bound, the kernel does its
+    I/O: it keeps ``K = CPU₁ / wall₁`` cores busy. Two workers do at least that CPU work (the
+    pieces cost more than one decode: the CPU column shows it), so on ``C`` cores they take
+    ``wall₂ >= CPU₁ / C``, and ``wall₁ / wall₂ <= C / K``. Row added only when both were
+    measured, through ``row``."""
+    by = res.get("big_by_workers") or {}
+    if "1" not in by or "2" not in by:
+        return
+    one, two = by["1"], by["2"]
+    cores = res["machine"]["cores_logical"] or 1
+    ratio = one["wall_s_median"] / two["wall_s_median"]
+    row("2 GB file: 2 workers vs 1 ≥ 1.7x", ratio, ".2f", ratio >= 1.7)
+    busy = one["cpu_s_median"] / one["wall_s_median"]
+    row(f"(1 worker kept {busy:.2f} cores busy, 2 workers used "
+        f"{two['cpu_s_median'] / one['cpu_s_median']:.2f}x its CPU: on {cores} cores, 2 workers "
+        "can be at most cores / busy times faster)", cores / busy, ".2f", None)  # fmt: skip
+    others = statistics.median(one["other_cpu_s_all"])
+    row("(the same, counting the rest of the machine's CPU during the 1-worker runs)",
+        cores * one["wall_s_median"] / (one["cpu_s_median"] + others), ".2f", None)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ main

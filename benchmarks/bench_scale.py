@@ -20,6 +20,12 @@ Numbers:
   each round. The timing runs sample the process tree every 250 ms only: sampling every 20 ms
   costs ~10 % of this 2-core machine, which a 2-worker import loses and a 1-worker one takes
   from its idle core, so it lowered the measured speed-up.
+* ``pN`` (``--workers 1,2,p1,p2``): this machine's ceiling for the same work, without Dask:
+  N processes forked from the subprocess once it has imported xpuprof, each importing the next
+  file from a shared counter with ``ingest.import_file`` (what a Dask task runs), into a scratch
+  folder (no manifest, no commit). ``p2`` vs ``p1`` is what two cores give this work here,
+  before any scheduler: on the 2-vCPU VM each file costs 10-20 % more CPU while the other core
+  works (shared cache and memory), so 2 workers cannot reach 2x.
 * ``peak total``: the maximum over time of the RSS summed over the subprocess and all its
   descendants, sampled every ~20 ms with psutil in the memory run (pages shared after fork counted
   once per process). ``peak per worker``: the largest peak RSS of one process that imports files:
@@ -246,6 +252,8 @@ def child_import(store: str, workers: str, files_dir: str) -> int:
     import xpuprof
 
     files = sorted(Path(files_dir).glob("rank*.pt.trace.json"))
+    if workers.startswith("p"):
+        return _plain(files, Path(store), int(workers[1:]))
     t0 = time.perf_counter()
     if workers.startswith("d"):  # N Dask workers on a cluster made here (no fork server)
         from dask.distributed import LocalCluster
@@ -259,6 +267,50 @@ def child_import(store: str, workers: str, files_dir: str) -> int:
     print("SCALE_RESULT " + json.dumps({
         "import_s": rep.seconds, "in_process_s": wall, "events_read": rep.events_read,
         "rows": rep.rows, "workers": rep.workers, "sources": len(rep.sources),
+    }))  # fmt: skip
+    return 0
+
+
+def _plain(files: list[Path], out: Path, n: int) -> int:
+    """The machine's ceiling for the same work: ``n`` processes forked from this one (modules
+    imported once, before), each taking the next file from a shared counter and importing it
+    with ``ingest.import_file`` (read, normalise, write its part) — no Dask, no manifest or
+    commit; print one JSON line like :func:`child_import`."""
+    import multiprocessing
+    import traceback
+
+    from xpuprof.trace.ingest import import_file
+
+    out.mkdir(parents=True)
+    nxt = multiprocessing.get_context("fork").Value("i", 0)
+    t0 = time.perf_counter()
+    pids = []
+    for k in range(n):
+        pid = os.fork()
+        if pid == 0:  # a child: files until none is left, then its count of events
+            code, events = 0, 0
+            try:
+                while True:
+                    with nxt.get_lock():
+                        i = nxt.value
+                        nxt.value += 1
+                    if i >= len(files):
+                        break
+                    events += import_file(str(files[i]), i, str(out), False)["read"]["total"]
+                (out / f"events-{k}.json").write_text(json.dumps(events))
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            os._exit(code)
+        pids.append(pid)
+    failed = [p for p in pids if os.waitpid(p, 0)[1] != 0]
+    wall = time.perf_counter() - t0
+    if failed:
+        return 1
+    events = sum(json.loads((out / f"events-{k}.json").read_text()) for k in range(n))
+    print("SCALE_RESULT " + json.dumps({
+        "import_s": wall, "in_process_s": wall, "events_read": events, "rows": {},
+        "workers": n, "sources": len(files),
     }))  # fmt: skip
     return 0
 
@@ -397,7 +449,9 @@ def run_set(n: int, a: argparse.Namespace, stores: Path) -> dict[str, Any]:
                 {k: v for k, v in r.items() if k != "output"}
                 | {"peak_per_worker": per_worker, "memory_run": i == 0}
             )
-            if keep is None or str(w) != "1":
+            if str(w).startswith("p"):  # parts and no manifest: not a store to analyse
+                shutil.rmtree(store, ignore_errors=True)
+            elif keep is None or str(w) != "1":
                 if keep is not None and keep != store:
                     shutil.rmtree(keep, ignore_errors=True)
                 keep = store
@@ -437,13 +491,13 @@ def run_set(n: int, a: argparse.Namespace, stores: Path) -> dict[str, Any]:
 
 def ratios(sets: list[dict[str, Any]]) -> dict[str, Any]:
     """Speed-up of 2 workers over 1 per N, time per rank and linearity per worker count."""
-    out: dict[str, Any] = {"speedup_2_vs_1": {}, "per_rank_s": {}, "linearity": {}}
+    out: dict[str, Any] = {"speedup_2_vs_1": {}, "ceiling_2_vs_1": {}, "per_rank_s": {},
+                           "linearity": {}}  # fmt: skip
     for s in sets:
         imp = s["imports"]
-        if "1" in imp and "2" in imp:
-            out["speedup_2_vs_1"][s["ranks"]] = (
-                imp["1"]["wall_s_median"] / imp["2"]["wall_s_median"]
-            )
+        for key, one, two in (("speedup_2_vs_1", "1", "2"), ("ceiling_2_vs_1", "p1", "p2")):
+            if one in imp and two in imp:
+                out[key][s["ranks"]] = imp[one]["wall_s_median"] / imp[two]["wall_s_median"]
     ws = sorted({w for s in sets for w in s["imports"]})
     for w in ws:
         per = {s["ranks"]: s["imports"][w]["wall_s_median"] / s["ranks"] for s in sets
@@ -489,6 +543,11 @@ def render(res: dict[str, Any]) -> str:
     lines += ["", "| ratio | value | target |", "|---|---|---|"]
     for n, v in r["speedup_2_vs_1"].items():
         lines.append(f"| speed-up 2 workers vs 1, {n} ranks | {v:.2f}x | >= 1.7x |")
+    for n, v in r.get("ceiling_2_vs_1", {}).items():
+        lines.append(
+            f"| this machine's ceiling: 2 plain processes vs 1 (p2, p1: no Dask, no "
+            f"commit), {n} ranks | {v:.2f}x | (what 2 cores give this work here) |"
+        )
     for w, v in r["linearity"].items():
         per = ", ".join(f"{n}: {1000 * t:.0f} ms" for n, t in r["per_rank_s"][w].items())
         lines.append(f"| wall per rank, {w} worker(s) ({per}): largest N / smallest N | {v:.2f} "
@@ -578,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", default=None, help="comma-separated set sizes (64,128,512)")
     ap.add_argument("--workers", default="1,2",
                     help="comma-separated worker counts (1: in-process; dN: N Dask workers on "
-                    "a LocalCluster made by the benchmark)")  # fmt: skip
+                    "a LocalCluster made by the benchmark; pN: the machine's ceiling, N plain "
+                    "forked processes importing the files with no Dask and no commit)")  # fmt: skip
     ap.add_argument(
         "--runs",
         type=int,
