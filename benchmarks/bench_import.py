@@ -78,19 +78,29 @@ def log(msg: str) -> None:
 # ------------------------------------------------------------------------------ measurement
 
 
+#: The sampler's interval where peak memory is measured, and where only time is (the big
+#: file's timed rounds): at 20 ms it takes ~10 % of a 2-core machine, from the idle core of a
+#: one-worker import but from the busy ones of a two-worker import.
+MEMORY_SAMPLE_S = 0.02
+TIMING_SAMPLE_S = 0.25
+
+
 def measure(
-    cmd: list[str], *, timeout: float, env: dict | None = None, interval: float = 0.02
+    cmd: list[str], *, timeout: float, env: dict | None = None, interval: float = MEMORY_SAMPLE_S
 ) -> dict[str, Any]:
     """Run `cmd`; return wall time, peak RSS of the process tree, exit code and output.
 
     Also returns `other_cpu_s`: CPU seconds the rest of the machine used meanwhile (system busy
-    time minus the tree's own), because on a 2-core machine one busy neighbour halves a result;
+    time minus the tree's own and minus this process's, whose sampler costs ~10 % of a 2-core
+    machine at 20 ms: `sampler_cpu_s`), because on a 2-core machine one busy neighbour halves a
+    result;
     and `procs`: per process of the tree its parent, command line, peak RSS and last CPU
     seconds (`pid` is the root's), for benchmarks that tell workers apart.
     """
     with tempfile.TemporaryFile() as out:
         busy0 = _busy()
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        me0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         peak = {"tree": 0, "parent": 0, "procs": 1, "pss": 0}
@@ -151,12 +161,14 @@ def measure(
         busy = _busy() - busy0
         done.set()
         th.join()
+        me1 = resource.getrusage(resource.RUSAGE_SELF)
+        sampler = (me1.ru_utime - me0.ru_utime) + (me1.ru_stime - me0.ru_stime)
         # the waited-for descendants' CPU, exact; but a Dask worker forked from a fork server
         # is reaped by that server, which no one here waits for: then the tree's own CPU
         # times, last sampled (up to one interval short per process), are the larger
         waited = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         tree_cpu = max(waited, sum(v.get("cpu", 0.0) for v in per.values()))
-        other = max(0.0, busy - tree_cpu)
+        other = max(0.0, busy - tree_cpu - sampler)
         out.seek(0)
         text = out.read().decode(errors="replace")
     return {
@@ -170,6 +182,7 @@ def measure(
         "output": text,
         "cpu_s": tree_cpu,
         "other_cpu_s": other,
+        "sampler_cpu_s": sampler,
         "pid": p.pid,
         "procs": per,
     }
@@ -200,6 +213,7 @@ def measure_clean(
     wait: float,
     timeout: float,
     env: dict | None = None,
+    interval: float = MEMORY_SAMPLE_S,
 ) -> dict[str, Any]:
     """`measure`, repeated up to `retries` times while other processes disturbed it; the
     least disturbed attempt is kept (a failed run is returned at once). `make_cmd(attempt)`
@@ -209,7 +223,7 @@ def measure_clean(
         if wait:
             wait_idle(wait)
         log(f"{label}{' (retry)' if attempt else ''} ...")
-        r = measure(make_cmd(attempt), timeout=timeout, env=env)
+        r = measure(make_cmd(attempt), timeout=timeout, env=env, interval=interval)
         r["attempt"] = attempt
         if r["rc"] != 0:
             return r
@@ -251,6 +265,18 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "load_all": [round(r["load"], 2) for r in runs],
         "other_cpu_s_all": [round(r["other_cpu_s"], 1) for r in runs],
     }
+
+
+def _timed_and_memory(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`summarize` of the timed runs (all runs when there is only the memory run), with the
+    peaks of the memory run(s), which alone were sampled often enough to catch them."""
+    timed = [r for r in runs if not r["memory_run"]] or runs
+    mem = summarize([r for r in runs if r["memory_run"]] or runs)
+    out = summarize(timed)
+    for k in ("peak_rss_median", "peak_rss_max", "peak_rss_parent_median", "peak_pss_median"):
+        out[k] = mem[k]
+    out["memory_runs"], out["timed_runs"] = mem["runs"], len(timed)
+    return out
 
 
 # ------------------------------------------------------------------------------ inputs & tools
@@ -558,7 +584,10 @@ def main(argv: list[str] | None = None) -> int:
         help="import the big file with each of these --workers values (e.g. 1,2; "
         "default: xpuprof's own choice); the last one fills the summary's big row",
     )
-    ap.add_argument("--big-runs", type=int, default=1, help="runs per --big-workers value")
+    ap.add_argument("--big-runs", type=int, default=1,
+                    help="timed runs per --big-workers value; when more than 1, one more run "
+                    "before them measures peak memory (sampling every 20 ms slows a 2-worker "
+                    "import: TIMING_SAMPLE_S)")  # fmt: skip
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     ap.add_argument(
         "--retries",
@@ -727,7 +756,10 @@ def main(argv: list[str] | None = None) -> int:
         # each --big-workers value in turn, --big-runs rounds, alternating; "" = xpuprof's choice
         choices = [w.strip() for w in a.big_workers.split(",")] if a.big_workers else [""]
         big_runs: dict[str, list[dict[str, Any]]] = {w: [] for w in choices}
-        for i in range(a.big_runs):
+        # round 0 measures peak memory (sampled every 20 ms); with --big-runs > 1 the timing
+        # comes from the rounds after it, sampled every 250 ms (see TIMING_SAMPLE_S)
+        rounds = a.big_runs + (1 if a.big_runs > 1 else 0)
+        for i in range(rounds):
             for w in choices:
 
                 def big_cmd(attempt: int, w: str = w, i: int = i) -> list[str]:
@@ -737,9 +769,8 @@ def main(argv: list[str] | None = None) -> int:
                     extra = ["--workers", w] if w else []
                     return [*xcmd, "import", bman["files"][0]["path"], "-o", str(store), *extra]
 
-                label = (
-                    f"[{i + 1}/{a.big_runs}] xpuprof import of the big file, workers={w or 'auto'}"
-                )
+                what = "memory" if i == 0 and rounds > 1 else f"{i + (rounds == 1)}/{a.big_runs}"
+                label = f"[{what}] xpuprof import of the big file, workers={w or 'auto'}"
                 r = measure_clean(
                     big_cmd,
                     label=label,
@@ -747,7 +778,9 @@ def main(argv: list[str] | None = None) -> int:
                     wait=a.wait_idle,
                     timeout=a.timeout,
                     env=env,
+                    interval=MEMORY_SAMPLE_S if i == 0 else TIMING_SAMPLE_S,
                 )
+                r["memory_run"] = i == 0
                 if not a.keep_stores:
                     for store in big_stores:
                         shutil.rmtree(store, ignore_errors=True)
@@ -761,12 +794,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 big_runs[w].append(r)
         facts = {"mb": bman["total_file_bytes"] / 1e6, "events": bman["total_events"]}
-        res["big_by_workers"] = {w or "auto": summarize(rs) | facts for w, rs in big_runs.items()}
-        r = big_runs[choices[-1]][-1]
-        res["big"] = summarize(big_runs[choices[-1]]) | {
-            "mb": bman["total_file_bytes"] / 1e6,
-            "events": bman["total_events"],
-        }
+        res["big_by_workers"] = {w or "auto": _timed_and_memory(rs) | facts
+                                 for w, rs in big_runs.items()}  # fmt: skip
+        res["big"] = res["big_by_workers"][choices[-1] or "auto"]
 
     x, h = res.get("xpuprof"), res.get("hta")
     res["ratios"] = {
