@@ -211,3 +211,64 @@ def test_a_reader_registered_here_reaches_the_workers(ranks, tmp_path) -> None:
     q = "select rank, level, count(*) as n, sum(dur) as d from events group by all order by all"
     with xpuprof.load(tmp_path / "mine.store") as a, xpuprof.load(tmp_path / "kineto.store") as b:
         assert a.sql(q).equals(b.sql(q))
+
+
+def test_small_files_are_batched_but_the_last_ones_go_alone() -> None:
+    """``ingest._batched``: runs of small files up to ``BATCH_MAX_BYTES`` share a task, a file
+    larger than that goes alone, the last ``BATCH_TAIL`` files per worker each alone (so the
+    workers end together); every file once, in the order given (biggest first)."""
+    from xpuprof.trace import ingest
+
+    mb = 1 << 20
+    cap, tail = ingest.BATCH_MAX_BYTES, ingest.BATCH_TAIL
+    sizes = {0: cap + 1, 1: cap // 2, 2: cap // 2, 3: cap // 2, **{k: mb for k in range(4, 40)}}
+    jobs = [(Path(f"f{k}"), k) for k in sizes]
+    out = ingest._batched(jobs, sizes, workers=2)
+    assert [job for task in out for job in task] == jobs
+    assert out[0] == (jobs[0],)  # larger than a batch: alone
+    assert out[1] == (jobs[1], jobs[2])  # two halves fill a batch; the third starts the next
+    assert all(sum(sizes[p] for _, p in task) <= cap for task in out[1:])
+    assert all(len(task) == 1 for task in out[-2 * tail :])
+    assert len(out) < len(jobs) - 20  # the 1 MB files did share tasks
+    # fewer files than the tail: every file alone
+    assert ingest._batched(jobs[:5], sizes, workers=2) == [(j,) for j in jobs[:5]]
+
+
+def test_batched_import_equals_the_in_process_one(ranks, tmp_path, monkeypatch) -> None:
+    """Six small rank files on a 2-worker cluster with one file per worker kept for the end:
+    the first four go in batches (counted in the task), and the store equals the in-process
+    import's, row for row, every rank once."""
+    from dask.distributed import LocalCluster
+
+    from xpuprof.trace import ingest
+
+    src = tmp_path / "six"
+    src.mkdir()
+    doc = json.loads((ranks / "rank0.json").read_text())
+    for r in range(6):
+        doc["distributedInfo"] = {"rank": r, "world_size": 6}
+        (src / f"rank{r}.json").write_text(json.dumps(doc))
+    log = tmp_path / "batches.txt"  # the task is serialised even for a worker in-process
+    real = ingest.import_files
+
+    def counting(batch, *args, **kwargs):
+        with open(log, "a") as f:
+            f.write(f"{len(batch)}\n")
+        return real(batch, *args, **kwargs)
+
+    monkeypatch.setattr(ingest, "import_files", counting)
+    monkeypatch.setattr(ingest, "BATCH_TAIL", 1)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cl:  # fmt: skip
+        report = xpuprof.import_traces([src], tmp_path / "dask.store",
+                                       scheduler=cl.scheduler_address)  # fmt: skip
+    batches = [int(n) for n in log.read_text().split()]
+    assert sum(batches) == 4 and all(n > 1 for n in batches), batches
+    local = xpuprof.import_traces([src], tmp_path / "local.store", workers=1)
+    assert report.rows == local.rows
+    assert sorted(s["rank"] for s in report.sources) == list(range(6))
+    assert sorted(s["part"] for s in report.sources) == list(range(6))
+    q = "select rank, level, count(*) as n, sum(dur) as d from events group by all order by all"
+    with xpuprof.load(tmp_path / "dask.store") as a, xpuprof.load(tmp_path / "local.store") as b:
+        assert a.sql(q).equals(b.sql(q))
+    assert verify(tmp_path / "dask.store") == []
