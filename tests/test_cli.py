@@ -365,7 +365,7 @@ def test_wide_is_a_global_flag_anywhere_on_the_line(store) -> None:
     ]
     assert wide[0] == wide[1]
     assert max(map(len, narrow.splitlines())) <= 80 < max(map(len, wide[0].splitlines()))
-    assert "too wide for this terminal" in narrow and "too wide" not in wide[0]
+    assert "columns left out to fit this terminal" in narrow and "left out" not in wide[0]
 
 
 def test_the_demo_writes_to_the_cache_folder_and_says_where(tmp_path) -> None:

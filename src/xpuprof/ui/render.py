@@ -521,8 +521,9 @@ def result(res: Result, out: Console, limit: int = 20,
             out.print(f"(0 or empty in every row shown: {escape(', '.join(lay.blank))})",
                       style="dim", highlight=False)  # fmt: skip
         if lay.narrow:
-            out.print(f"(too wide for this terminal: {escape(', '.join(lay.narrow))}; --wide "
-                      "or --json has every column)", style="dim", highlight=False)  # fmt: skip
+            left_out = escape(", ".join(lay.narrow))
+            out.print(f"(columns left out to fit this terminal: {left_out}; --wide or --json "
+                      "has every column)", style="dim", highlight=False)  # fmt: skip
     for note in merge_notes(res.notes):
         text = _prose("note: " + note, out.width - 1)[len("note: ") :]
         out.print(f"[yellow]note:[/] {escape(text)}", highlight=False, soft_wrap=True)
