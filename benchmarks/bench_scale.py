@@ -24,8 +24,8 @@ Numbers:
   N processes forked from the subprocess once it has imported xpuprof, each importing the next
   file from a shared counter with ``ingest.import_file`` (what a Dask task runs), into a scratch
   folder (no manifest, no commit). ``p2`` vs ``p1`` is what two cores give this work here,
-  before any scheduler: on the 2-vCPU VM each file costs 10-20 % more CPU while the other core
-  works (shared cache and memory), so 2 workers cannot reach 2x.
+  before any scheduler: on the 2-vCPU VM each file costs 7-9 % more CPU while the other core
+  works (shared cache and memory; benchmarks/RESULTS.md), so 2 workers cannot reach 2x.
 * ``peak total``: the maximum over time of the RSS summed over the subprocess and all its
   descendants, sampled every ~20 ms with psutil in the memory run (pages shared after fork counted
   once per process). ``peak per worker``: the largest peak RSS of one process that imports files:
