@@ -25,8 +25,14 @@ from xpuprof.ui import tools
 US = 1000
 
 
-def _job(tmp_path, prep: dict[tuple[int, int], float], late: dict[tuple[int, int], float]):
-    """Four ranks, three steps at 0, 1000 and 2000 µs. In each step a rank runs "prep" (10 µs,
+def _job(
+    tmp_path,
+    prep: dict[tuple[int, int], float],
+    late: dict[tuple[int, int], float],
+    reverse: bool = False,
+):
+    """Four ranks, three steps at 0, 1000 and 2000 µs (``reverse``: the store lists them 3, 2,
+    1, 0, its files named and given in that order). In each step a rank runs "prep" (10 µs,
     or ``prep[(rank, step)]``) from its step start (0, or ``late[(rank, step)]`` µs late),
     launches an all-reduce (1 µs call, the kernel 5 µs after it) whose kernel ends when the
     last rank's has run 20 µs of transfer, waits for it in a device synchronize (until 2 µs
@@ -49,7 +55,8 @@ def _job(tmp_path, prep: dict[tuple[int, int], float], late: dict[tuple[int, int
                       launch_dur=1, stream=20, **ARGS)  # fmt: skip
             tb.runtime("cudaDeviceSynchronize", s + p + 2, end + 2 - (s + p + 2))
     for r, tb in enumerate(builders):
-        files.append(tb.write(tmp_path / f"rank{r}.json"))
+        files.append(tb.write(tmp_path / f"rank{3 - r if reverse else r}.json"))
+    files = files[::-1] if reverse else files
     store = tmp_path / "job.store"
     xpuprof.import_traces(files, store)
     return store
@@ -229,6 +236,79 @@ def test_overview_of_many_ranks_as_tasks_equals_one_process(tmp_path, monkeypatc
     assert got[1].facts["host_only"] and s["compute_fraction"].tolist() == pytest.approx(
         [0.4, 0.5, 0.6]
     )
+
+
+def test_groups_of_ranks_give_the_one_process_answer(tmp_path, monkeypatch):
+    """Several ranks per task (:func:`xpuprof.analysis.per_rank.map_groups`): on a real
+    2-worker cluster, two groups of two ranks (``GROUPS_PER_WORKER`` lowered to 1), and in this
+    process with one worker, groups of at most two ranks' events (``GROUP_MAX_EVENTS`` lowered
+    below the job's); the diagnosis, the overview and the ranks tool give the one-process
+    answer, table for table. The store lists its ranks 3, 2, 1, 0: answers joined in the
+    groups' order instead of the one process's would differ."""
+    import os
+
+    from xpuprof.analysis import per_rank
+    from xpuprof.analysis.diagnosis import diagnosis
+    from xpuprof.analysis.overview import overview
+
+    store = _job(tmp_path, {(2, 1): 110}, {(1, 2): 80}, reverse=True)
+
+    def answers(**kw):
+        with xpuprof.load(store) as t:
+            return overview(t), diagnosis(t), rank_steps(t, **kw)
+
+    here = answers()
+    with xpuprof.load(store) as t:
+        assert [s["rank"] for s in t.sources] == [3, 2, 1, 0]
+        parts = per_rank.selected_parts(t, None)
+        sizes = [s["rows"]["events"] for s in t.sources]
+        assert not per_rank.grouped(t, parts)  # the one-process answer above: one pass
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # 2 workers, also on a bigger machine
+    monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 2)
+    monkeypatch.setattr(per_rank, "GROUPS_PER_WORKER", 1)
+    with xpuprof.load(store) as t:
+        assert per_rank.part_groups(t, parts, 2) == [parts[:2], parts[2:]]
+    on_dask = answers(workers=2)
+    monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 32)
+    monkeypatch.setattr(per_rank, "GROUP_MAX_EVENTS", max(sizes[0] + sizes[1], sizes[2] + sizes[3]))
+    ran = []
+    real = per_rank.run_part
+    monkeypatch.setattr(
+        per_rank, "run_part", lambda path, p, *a: ran.append(p) or real(path, p, *a)
+    )
+    with xpuprof.load(store) as t:
+        assert per_rank.grouped(t, parts) and not per_rank.on_dask(len(parts))
+    in_groups = answers(workers=1)
+    assert ran and all(g in (parts[:2], parts[2:]) for g in ran)
+    for there in (on_dask, in_groups):
+        for a, b in zip(here, there, strict=True):
+            assert set(a.tables) == set(b.tables)
+            for name, table in a.tables.items():
+                pd.testing.assert_frame_equal(table, b.tables[name], check_dtype=False)
+            assert a.facts == b.facts and a.notes == b.notes
+    assert here[2].facts["holder"] == 2  # the job's own answer, worked out in the tests above
+
+
+def test_part_groups_rule(tmp_path, monkeypatch):
+    """Groups are runs of consecutive parts of at most ``GROUP_MAX_EVENTS`` events, and of
+    at most 1 / (``GROUPS_PER_WORKER`` x workers) of all; a part over that is a group alone.
+    Parts of 40, 10, 10, 30, 5 and 5 events, by hand: with 1 worker and a cap of 50 events,
+    [40, 10] [10, 30, 5, 5]; with 2 workers and 2 groups per worker, at most 100 // 4 = 25
+    each: [40] [10, 10] [30] [5, 5]."""
+    from xpuprof.analysis import per_rank
+
+    class T:
+        sources = [{"part": p, "rows": {"events": n}}
+                   for p, n in enumerate([40, 10, 10, 30, 5, 5])]  # fmt: skip
+
+    monkeypatch.setattr(per_rank, "GROUP_MAX_EVENTS", 50)
+    monkeypatch.setattr(per_rank, "GROUPS_PER_WORKER", 2)
+    parts = list(range(6))
+    assert per_rank.part_groups(T, parts, 1) == [[0, 1], [2, 3, 4, 5]]
+    assert per_rank.part_groups(T, parts, 2) == [[0], [1, 2], [3], [4, 5]]
+    # over the cap with one worker: analysed group by group here; a single part never is
+    assert per_rank.grouped(T, parts, workers=1) and not per_rank.grouped(T, [0], workers=1)
+    assert not per_rank.grouped(T, [4, 5], workers=1)
 
 
 def test_a_trace_of_some_parts_reads_only_those(tmp_path):

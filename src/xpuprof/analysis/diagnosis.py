@@ -108,18 +108,18 @@ def _memoised(trace: Trace, ranks: Iterable[int] | None, steps: StepSelection, t
     return Result(tables=dict(done.tables), notes=list(done.notes), facts=dict(done.facts))
 
 
-def from_parts(trace: Trace, parts: list[int], got: dict[int, Any], *,
-               ranks: Iterable[int] | None = None, steps: StepSelection = None,
-               top: int = 5) -> Result:  # fmt: skip
+def from_parts(trace: Trace, got: list[Any], *, ranks: Iterable[int] | None = None,
+               steps: StepSelection = None, top: int = 5) -> Result:  # fmt: skip
     """The diagnosis made of :func:`part_diagnosis` answers that another tool's per-rank
-    tasks computed (``got``: part → answer; the overview runs both in one task per rank, so
-    a rank is opened once), memoised as :func:`diagnosis` itself would be."""
+    tasks computed (``got``: the answers of groups of parts, in the parts' order; the
+    overview runs both in one task per group, so a rank is opened once), memoised as
+    :func:`diagnosis` itself would be."""
     return _memoised(
         trace,
         ranks,
         steps,
         top,
-        lambda: _result(trace, Result(facts={"steps": 0}), *_joined(parts, got)),
+        lambda: _result(trace, Result(facts={"steps": 0}), *_joined(got)),
     )
 
 
@@ -128,17 +128,17 @@ def step_times(trace: Trace, *, ranks: Iterable[int] | None = None,
                scheduler: str | None = None) -> pd.DataFrame:  # fmt: skip
     """The ``steps`` table of :func:`diagnosis` alone (ns per category per rank, device and
     step), without the events and the headline: what a cross-rank view needs of each rank.
-    One Dask task per rank for many ranks (:func:`xpuprof.analysis.per_rank.on_dask`)."""
-    from xpuprof.analysis.per_rank import map_parts, on_dask, selected_parts, wait_seeds
+    Group of ranks by group for many ranks (:func:`xpuprof.analysis.per_rank.grouped`)."""
+    from xpuprof.analysis.per_rank import grouped, map_groups, selected_parts
 
     parts = selected_parts(trace, ranks)
     if not parts:
         return pd.DataFrame()
-    if on_dask(len(parts), workers, scheduler):
-        got = map_parts(trace, "xpuprof.analysis.diagnosis:step_times", parts,
-                        seeds=wait_seeds(trace, parts), kwargs={"steps": steps},
-                        workers=workers, scheduler=scheduler)  # fmt: skip
-        frames = [got[p] for p in parts if len(got[p])]
+    if grouped(trace, parts, workers, scheduler):
+        got = map_groups(trace, "xpuprof.analysis.diagnosis:step_times", parts,
+                         kwargs={"steps": steps}, workers=workers,
+                         scheduler=scheduler)  # fmt: skip
+        frames = [g for g in got if len(g)]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     paths = path_times(trace, parts)
     rows = [_per_step(pt, w)[0] for pt, w in _units(trace, parts, steps, paths)]
@@ -149,14 +149,14 @@ def step_times(trace: Trace, *, ranks: Iterable[int] | None = None,
 
 
 def _diagnosis(trace: Trace, ranks, steps: StepSelection, top: int) -> Result:
-    from xpuprof.analysis.per_rank import on_dask, selected_parts
+    from xpuprof.analysis.per_rank import grouped, selected_parts
 
     res = Result(facts={"steps": 0})
     parts = selected_parts(trace, ranks)
     if not parts:
         res.notes.append("no rank selected: nothing to diagnose")
         return res
-    if on_dask(len(parts)):
+    if grouped(trace, parts):
         per_step, events, notes = _on_ranks(trace, parts, steps, top)
     else:
         per_step, events, notes = _of_parts(trace, parts, steps, top)
@@ -203,31 +203,30 @@ def _of_parts(trace: Trace, parts: list[int], steps: StepSelection,
 def part_diagnosis(
     trace: Trace, steps: StepSelection = None, top: int = 5
 ) -> tuple[pd.DataFrame | None, pd.DataFrame, list[str]]:
-    """:func:`_of_parts` of a Trace of one part (a per-rank task of :func:`_on_ranks`)."""
+    """:func:`_of_parts` of every part of a Trace (a task of :func:`_on_ranks`: one group of
+    ranks)."""
     return _of_parts(trace, [int(s["part"]) for s in trace.sources], steps, top)
 
 
 def _on_ranks(trace: Trace, parts: list[int], steps: StepSelection,
               top: int) -> tuple[pd.DataFrame | None, pd.DataFrame, list[str]]:  # fmt: skip
-    """:func:`_of_parts` as Dask tasks, one rank each (:mod:`xpuprof.analysis.per_rank`):
-    every table is per part, so the ranks' answers are concatenated; the one input that
-    crosses ranks, the collectives' waits, is computed here and handed to each task."""
-    from xpuprof.analysis.per_rank import map_parts, wait_seeds
+    """:func:`_of_parts` group of ranks by group (:func:`xpuprof.analysis.per_rank.map_groups`:
+    Dask tasks, or here for bounded memory): every table is per part, so the groups' answers
+    are concatenated; the one input that crosses ranks, the collectives' waits, is computed
+    here and handed to each task."""
+    from xpuprof.analysis.per_rank import map_groups
 
-    seeds = wait_seeds(trace, parts)
-    got = map_parts(trace, "xpuprof.analysis.diagnosis:part_diagnosis", parts, seeds=seeds,
-                    kwargs={"steps": steps, "top": top})  # fmt: skip
-    return _joined(parts, got)
+    got = map_groups(trace, "xpuprof.analysis.diagnosis:part_diagnosis", parts,
+                     kwargs={"steps": steps, "top": top})  # fmt: skip
+    return _joined(got)
 
 
-def _joined(parts: list[int], got: dict[int, Any]
-            ) -> tuple[pd.DataFrame | None, pd.DataFrame, list[str]]:  # fmt: skip
-    """The per-part answers of :func:`part_diagnosis` as one answer (every table is per
-    part: concatenated; notes once each)."""
+def _joined(got: list[Any]) -> tuple[pd.DataFrame | None, pd.DataFrame, list[str]]:
+    """The answers of :func:`part_diagnosis` for groups of parts, in the parts' order, as
+    one answer (every table is per part: concatenated; notes once each)."""
     notes: list[str] = []
     rows, evs = [], []
-    for p in parts:
-        r, e, n = got[p]
+    for r, e, n in got:
         notes += [x for x in n if x not in notes]
         if r is not None:
             rows.append(r)

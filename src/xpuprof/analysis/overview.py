@@ -125,10 +125,10 @@ def overview(
         res.notes.append("no events selected: nothing to summarise")
         res.facts = {"ranks": 0, "steps": 0, "host_only": False}
         return res
-    from xpuprof.analysis.per_rank import on_dask, selected_parts
+    from xpuprof.analysis.per_rank import grouped, selected_parts
 
     parts = selected_parts(trace, ranks)
-    if on_dask(len(parts)):
+    if grouped(trace, parts):
         per_step, host_only, dx, shares, sums = _on_ranks(trace, parts, ranks, steps)
     else:
         per_step, host_only = _per_step(trace, w, step_rows)
@@ -200,32 +200,37 @@ def _step_rows(trace: Trace, w: str) -> tuple[pd.DataFrame, bool]:
 def _on_ranks(
     trace: Trace, parts: list[int], ranks: Iterable[int] | None, steps: StepSelection
 ) -> tuple[pd.DataFrame, set[int], Result | None, dict[int | None, float], tuple]:
-    """The overview's per-rank work as Dask tasks, one rank each
-    (:mod:`xpuprof.analysis.per_rank`): each task opens its rank alone and returns its step
-    breakdown, its diagnosis (:func:`~xpuprof.analysis.diagnosis.part_diagnosis`), its
-    memory-bound share and its ops' and kernels' sums by name; they are joined here, and the
-    diagnosis made of them is memoised for the tools that ask for it next (advise)."""
+    """The overview's per-rank work group of ranks by group
+    (:func:`xpuprof.analysis.per_rank.map_groups`: Dask tasks, or here for bounded memory):
+    each task opens its ranks alone and returns their step breakdown, their diagnosis
+    (:func:`~xpuprof.analysis.diagnosis.part_diagnosis`), their memory-bound shares and
+    their ops' and kernels' sums by name; they are joined here, and the diagnosis made of
+    them is memoised for the tools that ask for it next (advise)."""
     from xpuprof.analysis.diagnosis import from_parts
-    from xpuprof.analysis.per_rank import map_parts, wait_seeds
+    from xpuprof.analysis.per_rank import map_groups
 
-    got = map_parts(trace, "xpuprof.analysis.overview:part_overview", parts,
-                    seeds=wait_seeds(trace, parts), kwargs={"steps": steps})  # fmt: skip
-    dx = from_parts(trace, parts, {p: got[p]["diagnosis"] for p in parts}, ranks=ranks,
-                    steps=steps)  # fmt: skip
-    frames = [got[p]["steps"] for p in parts if len(got[p]["steps"])]
+    got = map_groups(trace, "xpuprof.analysis.overview:part_overview", parts,
+                     kwargs={"steps": steps})  # fmt: skip
+    dx = from_parts(trace, [g["diagnosis"] for g in got], ranks=ranks, steps=steps)
+    frames = [g["steps"] for g in got if len(g["steps"])]
     per_step = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    host_only = {k for p in parts for k in got[p]["host_only"]}
-    shares = {k: v for p in parts for k, v in got[p]["shares"].items()}
-    ops = pd.concat([got[p]["sums"][0] for p in parts], ignore_index=True)
-    kernels = pd.concat([got[p]["sums"][1] for p in parts], ignore_index=True)
+    if len(per_step):  # by rank (and device), as one process lists them; a group lists its own so
+        units = [c for c in ("rank", "device") if c in per_step]
+        per_step = per_step.sort_values(units, kind="stable", na_position="last")
+        per_step = per_step.reset_index(drop=True)
+    host_only = {k for g in got for k in g["host_only"]}
+    shares = {k: v for g in got for k, v in g["shares"].items()}
+    ops = pd.concat([g["sums"][0] for g in got], ignore_index=True)
+    kernels = pd.concat([g["sums"][1] for g in got], ignore_index=True)
     return per_step, host_only, dx, shares, (ops, kernels)
 
 
 def part_overview(trace: Trace, steps: StepSelection = None) -> dict[str, object]:
-    """The overview's per-rank work on a Trace of one part (a task of :func:`_on_ranks`):
-    ``steps`` (the breakdown per step), ``host_only``, ``diagnosis`` (its
-    :func:`~xpuprof.analysis.diagnosis.part_diagnosis`), ``shares`` (memory-bound share,
-    where the path is mostly device compute) and ``sums`` (:func:`_top_sums`)."""
+    """The overview's per-rank work on a Trace of a group of parts (a task of
+    :func:`_on_ranks`): ``steps`` (the breakdown per step), ``host_only``, ``diagnosis``
+    (its :func:`~xpuprof.analysis.diagnosis.part_diagnosis`), ``shares`` (memory-bound
+    share of each rank whose path is mostly device compute) and ``sums``
+    (:func:`_top_sums`)."""
     from xpuprof.analysis.diagnosis import part_diagnosis, path_summary
 
     w = where_clause(None, steps)
@@ -233,10 +238,12 @@ def part_overview(trace: Trace, steps: StepSelection = None) -> dict[str, object
     per_step, host_only = (pd.DataFrame(), set()) if step_rows.empty else (
         _per_step(trace, w, step_rows))  # fmt: skip
     mine = part_diagnosis(trace, steps)
-    # this rank's bottleneck, as the joined diagnosis will name it (its summary is per part)
+    # these ranks' bottlenecks, as the joined diagnosis will name them (its summary is per
+    # part); the roofline of the ranks with device work whose path is mostly compute
     dx = Result(tables={} if mine[0] is None else {"summary": path_summary(mine[0])})
-    computing = [k for k, v in _bottlenecks(dx).items() if v == "compute" and k is not None]
-    shares = _memory_shares(trace, None, steps) if computing and not host_only else {}
+    computing = [k for k, v in _bottlenecks(dx).items()
+                 if v == "compute" and k is not None and k not in host_only]  # fmt: skip
+    shares = _memory_shares(trace, computing, steps) if computing else {}
     return {"steps": per_step, "host_only": host_only, "diagnosis": mine, "shares": shares,
             "sums": _top_sums(trace, None, steps)}  # fmt: skip
 

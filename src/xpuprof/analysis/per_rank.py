@@ -14,13 +14,28 @@ per core) or the user's own scheduler (``scheduler=ADDRESS``: the store must the
 every worker reads, as for ``xpuprof import --scheduler``). Below :data:`DASK_MIN_PARTS`
 parts, and with one worker, the tasks run in this process: starting a cluster costs more than
 it saves on a few ranks.
+
+**Groups of ranks.** The analyses whose per-rank answers simply add up (the diagnosis, the
+step times of the ranks tool, the overview) run a task per *group* of consecutive parts
+(:func:`map_groups`): the task opens the group's parts together and runs the one-process
+analysis over them, so the store is opened and each query run once per group, not per rank.
+Per rank those fixed costs (a DuckDB connection, the manifest, ~10 queries of ~5 ms on one
+small Parquet file each) were as large as the work itself on ranks of ~40 k events: 0.30 s
+per rank as tasks against 0.13 s in one pass (64 ranks of the DLRM benchmark), which made 2
+workers slower than one process. A group holds at most :data:`GROUP_MAX_EVENTS` events (a
+larger rank is a group alone), so a task's memory is bounded by that, not by the job, and
+there are at least :data:`GROUPS_PER_WORKER` groups per worker so that the workers end
+together. With one worker, a selection of more than :data:`GROUP_MAX_EVENTS` events is
+analysed group by group in this process too: its memory is then bounded the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import logging
 import os
+import threading
+import uuid
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +47,15 @@ DASK_MIN_PARTS = 32
 #: DuckDB's settings inside a task: one thread (the worker is the unit of parallelism) and a
 #: memory limit well under a worker's share, so a query spills rather than grows.
 TASK_DUCKDB = {"threads": 1, "memory_limit": "1GB"}
+#: A group of parts analysed by one task holds at most this many events (module docstring):
+#: in one pass the analyses above hold ~0.3 KB per event (64 DLRM ranks, 2.5 M events: 0.73 GB).
+GROUP_MAX_EVENTS = 1_000_000
+#: At least this many groups per worker (when there are enough parts): the last groups are
+#: short, so the workers end together.
+GROUPS_PER_WORKER = 4
+#: ``depth`` > 0 in a thread running a task: the analysis it calls must not start a cluster
+#: or group again (a thread: the local cluster has a worker in the calling process).
+_task = threading.local()
 
 
 def map_parts(
@@ -53,16 +77,85 @@ def map_parts(
     if not on_dask(len(parts), workers, scheduler):
         return {p: run_part(str(trace.path), p, target, seeds.get(p, {}), kwargs) for p in parts}
     n = workers if workers is not None else (os.cpu_count() or 1)
-    return _on_dask(str(trace.path), parts, target, seeds, kwargs, n, scheduler)
+    units = [(p, p, seeds.get(p, {})) for p in parts]
+    return _on_dask(str(trace.path), units, target, kwargs, n, scheduler)
 
 
 def on_dask(n_parts: int, workers: int | None = None, scheduler: str | None = None) -> bool:
     """Whether per-rank work over ``n_parts`` parts goes to Dask: always on a given
     scheduler; never with one worker (or one core); by default from :data:`DASK_MIN_PARTS`."""
+    if _in_a_task():
+        return False
     if scheduler is not None:
         return True
     n = workers if workers is not None else (os.cpu_count() or 1)
     return n > 1 and (workers is not None or n_parts >= DASK_MIN_PARTS)
+
+
+def grouped(trace: Trace, parts: list[int], workers: int | None = None,
+            scheduler: str | None = None) -> bool:  # fmt: skip
+    """Whether an analysis of ``parts`` runs group by group (:func:`map_groups`): on Dask
+    (:func:`on_dask`), or in this process when the parts hold more than
+    :data:`GROUP_MAX_EVENTS` events (bounded memory). Never inside a task."""
+    if _in_a_task():
+        return False
+    return on_dask(len(parts), workers, scheduler) or (
+        len(parts) > 1 and sum(_events(trace).get(p, 0) for p in parts) > GROUP_MAX_EVENTS
+    )
+
+
+def _events(trace: Trace) -> dict[int, int]:
+    return {int(s["part"]): int(s.get("rows", {}).get("events", 0)) for s in trace.sources}
+
+
+def part_groups(trace: Trace, parts: list[int], workers: int) -> list[list[int]]:
+    """``parts`` cut into runs of consecutive parts of at most :data:`GROUP_MAX_EVENTS`
+    events together, and of at most 1 / (:data:`GROUPS_PER_WORKER` x ``workers``) of all
+    their events when there are enough parts (one part larger than that is a group alone)."""
+    sizes = _events(trace)
+    total = sum(sizes.get(p, 0) for p in parts)
+    share = total // (GROUPS_PER_WORKER * workers) if workers > 1 else total
+    cap = max(1, min(GROUP_MAX_EVENTS, share))
+    groups: list[list[int]] = []
+    size = 0
+    for p in parts:
+        n = sizes.get(p, 0)
+        if groups and size + n <= cap:
+            groups[-1].append(p)
+            size += n
+        else:
+            groups.append([p])
+            size = n
+    return groups
+
+
+def map_groups(
+    trace: Trace,
+    target: str,
+    parts: Iterable[int],
+    *,
+    kwargs: dict[str, Any] | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+) -> list[Any]:
+    """``target(Trace of a group of parts, **kwargs)`` for each group of
+    :func:`part_groups`, as Dask tasks or here (module docstring), each Trace's memo seeded
+    with its parts' collective waits (:func:`wait_seeds`). ``target`` must give the answer
+    of one process for whatever parts its Trace holds, in a form whose answers for
+    consecutive groups concatenate into the answer for all. Returns the answers in the
+    order of the parts."""
+    parts = [int(p) for p in parts]
+    dask = on_dask(len(parts), workers, scheduler)
+    n = (workers if workers is not None else (os.cpu_count() or 1)) if dask else 1
+    groups = part_groups(trace, parts, n)
+    kwargs = kwargs or {}
+    seeds = _group_seeds(trace, groups)
+    if not dask:
+        return [run_part(str(trace.path), g, target, s, kwargs)
+                for g, s in zip(groups, seeds, strict=True)]  # fmt: skip
+    units = [(i, g, seeds[i]) for i, g in enumerate(groups)]
+    got = _on_dask(str(trace.path), units, target, kwargs, n, scheduler)
+    return [got[i] for i in range(len(groups))]
 
 
 def wait_seeds(trace: Trace, parts: Iterable[int]) -> dict[int, dict[Any, Any]]:
@@ -75,6 +168,15 @@ def wait_seeds(trace: Trace, parts: Iterable[int]) -> dict[int, dict[Any, Any]]:
     return {int(p): {key: waits[waits["part"] == p].reset_index(drop=True)} for p in parts}
 
 
+def _group_seeds(trace: Trace, groups: list[list[int]]) -> list[dict[Any, Any]]:
+    """:func:`wait_seeds` of each group: its parts' rows of the waits, in their order."""
+    from xpuprof.analysis.comm import collective_waits
+
+    waits = collective_waits(trace)
+    key = ("analysis.comm.collective_waits",)
+    return [{key: waits[waits["part"].isin(g)].reset_index(drop=True)} for g in groups]
+
+
 def selected_parts(trace: Trace, ranks: Iterable[int] | None) -> list[int]:
     """The parts of the ranks ``ranks`` (None: every part)."""
     wanted = None if ranks is None else {int(r) for r in ranks}
@@ -82,67 +184,68 @@ def selected_parts(trace: Trace, ranks: Iterable[int] | None) -> list[int]:
             if wanted is None or (s["rank"] is not None and int(s["rank"]) in wanted)]  # fmt: skip
 
 
-def run_part(path: str, part: int, target: str, seed: dict[Any, Any],
+def run_part(path: str, part: int | list[int], target: str, seed: dict[Any, Any],
              kwargs: dict[str, Any]) -> Any:  # fmt: skip
-    """One task: open part ``part`` of the store at ``path`` alone, seed its memo, run
-    ``target`` on it."""
+    """One task: open part ``part`` (or the group of parts) of the store at ``path`` alone,
+    seed its memo, run ``target`` on it (which then neither groups nor starts a cluster)."""
     from xpuprof.trace.trace import Trace
 
     module, name = target.split(":")
     fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
-    with Trace(path, parts=[part], duckdb_config=dict(TASK_DUCKDB)) as t:
+    parts = [part] if isinstance(part, int) else list(part)
+    with Trace(path, parts=parts, duckdb_config=dict(TASK_DUCKDB)) as t:
         t.memo.update(seed)
-        return fn(t, **kwargs)
+        _task.depth = _in_a_task() + 1
+        try:
+            return fn(t, **kwargs)
+        finally:
+            _task.depth -= 1
+
+
+def _in_a_task() -> int:
+    return int(getattr(_task, "depth", 0))
 
 
 def _on_dask(
     path: str,
-    parts: list[int],
+    units: list[tuple[int, int | list[int], dict[Any, Any]]],
     target: str,
-    seeds: dict[int, dict[Any, Any]],
     kwargs: dict[str, Any],
     workers: int,
     scheduler: str | None,
 ) -> dict[int, Any]:
-    import dask
-    from dask.distributed import Client, LocalCluster, as_completed
+    """``run_part`` of each unit ``(key, part or group, seed)`` on the user's scheduler or a
+    local cluster (:func:`xpuprof.trace.ingest.local_cluster`: one worker in this process,
+    ready at once, the others forked as they come up); key → answer."""
+    from dask.distributed import Client, as_completed
 
-    from xpuprof.trace.ingest import LOCAL_CLUSTER_CONFIG
+    from xpuprof.trace.ingest import local_cluster
 
-    cluster = None
-    if scheduler:
-        client = Client(scheduler)
-    else:
-        # forked from a fork server, never from this process (whose DuckDB threads may hold
-        # a lock at the fork): see ``trace.ingest._preload``
-        import multiprocessing
-
-        method = "spawn"
-        if "forkserver" in multiprocessing.get_all_start_methods():
-            module = target.split(":")[0]
-            ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["xpuprof.analysis.per_rank", module])
-            method = "forkserver"
-        # quieter monitors than Dask's defaults, as for imports (``LOCAL_CLUSTER_CONFIG``)
-        config = {**LOCAL_CLUSTER_CONFIG, "distributed.worker.multiprocessing-method": method}
-        with dask.config.set(config):
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                   dashboard_address="127.0.0.1:0",
-                                   silence_logs=logging.CRITICAL)  # fmt: skip
-        client = Client(cluster)
-    try:
+    with contextlib.ExitStack() as stack:
+        if scheduler:
+            client = stack.enter_context(Client(scheduler))
+        else:
+            cluster = stack.enter_context(local_cluster(workers, method=_fork_server(target)))
+            # by address: a client given the cluster waits for the forked workers to be up
+            client = stack.enter_context(Client(cluster.scheduler_address))
         # seeds travel with their task only: a worker never receives another rank's
-        pending = {client.submit(run_part, path, p, target, seeds.get(p, {}), kwargs,
-                                 key=f"part-{p}-{target}", pure=False): p
-                   for p in parts}  # fmt: skip
+        token = uuid.uuid4().hex[:8]  # a user's scheduler may still hold an earlier call's
+        pending = {client.submit(run_part, path, what, target, seed, kwargs,
+                                 key=f"part-{k}-{target}-{token}", pure=False): k
+                   for k, what, seed in units}  # fmt: skip
         out: dict[int, Any] = {}
         # each answer fetched as it is ready and released on its worker then: a worker does
         # not keep the answers of its hundreds of tasks until the last one ends
         for f in as_completed(list(pending)):
             out[pending.pop(f)] = f.result()
             f.release()
-        return {p: out[p] for p in parts}
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+        return {k: out[k] for k, _, _ in units}
+
+
+def _fork_server(target: str) -> str:
+    """Start the fork server of the local cluster's worker processes (never forked from this
+    process, whose DuckDB threads may hold a lock at the fork: ``trace.ingest._preload``),
+    importing this module and ``target``'s; returns their start method."""
+    from xpuprof.trace.ingest import start_forkserver
+
+    return start_forkserver([__name__, target.split(":")[0]])

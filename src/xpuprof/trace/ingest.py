@@ -505,14 +505,13 @@ def _run_here(
 
 
 def _preload(jobs: list[tuple[Path, int]]) -> str:
-    """The Dask workers' start method: forked from a *fork server* that imports what they
-    need once (the readers of these files), not from this process, whose other threads
-    (DuckDB's, torch's, a web server's) may hold a lock at the fork and leave the child stuck
+    """The Dask workers' start method for importing ``jobs``: forked from a *fork server*
+    that imports what they need once (the readers of these files), not from this process,
+    whose other threads (DuckDB's, torch's, a web server's) may hold a lock at the fork and
+    leave the child stuck
     — the cluster then waits forever (seen in the test suite). Costs the server's start once
     per process (8-rank benchmark import: 5.0–5.7 s forked here, 7.0 s), now overlapped with
     the work of the worker in this process; else spawn."""
-    import multiprocessing
-
     from xpuprof.formats import reader_for
 
     modules = dict.fromkeys(("xpuprof.trace.ingest", "xpuprof.trace.normalize"))
@@ -521,6 +520,15 @@ def _preload(jobs: list[tuple[Path, int]]) -> str:
             modules.update(dict.fromkeys(reader_for(path).preload))
     if "xpuprof.formats.kineto.decode" in modules:
         modules["xpuprof.formats.kineto.split"] = None  # for a file decoded in pieces
+    return start_forkserver(list(modules))
+
+
+def start_forkserver(modules: list[str]) -> str:
+    """Start the fork server Dask's worker processes will be forked from, importing Dask and
+    ``modules`` (what their tasks run) once, and say so to Dask; returns the start method
+    (``"spawn"`` where there is no fork server). See :func:`_preload` for why."""
+    import multiprocessing
+
     if "forkserver" not in _start_methods():
         return "spawn"
     from multiprocessing import forkserver
@@ -619,14 +627,21 @@ def _run_on_dask(
                            progress, hints)  # fmt: skip
 
 
+def _local_cluster(
+    jobs: list[tuple[Path, int]], workers: int
+) -> contextlib.AbstractContextManager[Any]:
+    """:func:`local_cluster` for importing ``jobs`` (its fork server imports their readers)."""
+    return local_cluster(workers, method=_preload(jobs))
+
+
 @contextlib.contextmanager
-def _local_cluster(jobs: list[tuple[Path, int]], workers: int) -> Iterator[Any]:
+def local_cluster(workers: int, *, method: str) -> Iterator[Any]:
     """A Dask cluster of ``workers`` on this machine: one worker in this process, ready at
-    once, and ``workers - 1`` processes started in the background (from a fork server, see
-    :func:`_preload`) that join as they come up. Starting processes costs about a second
-    (importing the readers once, in the fork server), which this process spends importing
-    the first file instead of waiting."""
-    method = _preload(jobs)  # first: the fork server imports Dask while this process does
+    once, and ``workers - 1`` processes started in the background (``method``: from the fork
+    server of :func:`start_forkserver`, started first) that join as they come up. Starting
+    processes costs about a second (importing the readers once, in the fork server), which
+    this process spends importing the first file instead of waiting. Connect to it by
+    ``cluster.scheduler_address``: a client given the cluster waits for every worker."""
     import dask
     from dask.distributed import Nanny, Scheduler, SpecCluster, Worker
     from distributed.worker_memory import parse_memory_limit
