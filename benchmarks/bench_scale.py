@@ -315,9 +315,11 @@ def _plain(files: list[Path], out: Path, n: int) -> int:
     return 0
 
 
-def child_analyse(store: str, truth_path: str, phases: list[str]) -> int:
-    """Open ``store``, run the named phases; print one JSON line."""
+def child_analyse(store: str, truth_path: str, phases: list[str], workers: int | None) -> int:
+    """Open ``store``, run the named phases (their per-rank work on ``workers``: 1 in this
+    process; None: the analyses' default); print one JSON line."""
     import xpuprof
+    from xpuprof.analysis.per_rank import cluster_options
 
     truth = json.loads(Path(truth_path).read_text())
     out: dict[str, Any] = {}
@@ -327,7 +329,8 @@ def child_analyse(store: str, truth_path: str, phases: list[str]) -> int:
     for name in phases:
         t0 = time.perf_counter()
         try:
-            metrics = PHASES[name](trace, truth)
+            with cluster_options(workers):
+                metrics = PHASES[name](trace, truth)
         except Exception as e:  # a phase that fails is reported, the others still run
             metrics = {"error": f"{type(e).__name__}: {e}"[:500]}
         out[name] = {"s": time.perf_counter() - t0, "rss": _maxrss(), **metrics}
@@ -473,17 +476,24 @@ def run_set(n: int, a: argparse.Namespace, stores: Path) -> dict[str, Any]:
             "rows": rs[-1]["result"]["rows"], "events_read": rs[-1]["result"]["events_read"],
         }  # fmt: skip
     if a.phases and keep is not None:
-        log(f"  [{n} ranks] analyses: {', '.join(a.phases)} ...")
-        r = measure(_self("--child", "analyse", "--store", str(keep), "--truth",
-                          str(folder / "truth.json"), "--phases", ",".join(a.phases)),
-                    timeout=a.timeout)  # fmt: skip
-        if r["rc"] != 0 or r["result"] is None:
-            log(r["output"][-3000:])
-            out["analyses"] = {"error": f"exit code {r['rc']}", "wall_s": r["wall_s"]}
-        else:
-            out["analyses"] = {"wall_s": r["wall_s"], "peak_tree": r["peak_tree"],
-                               "others_share": other_share(r), **r["result"]}  # fmt: skip
-            log(f"    {r['wall_s']:.1f} s, peak {gb(r['peak_tree'])}")
+        out["analyses_by_workers"] = {}
+        for w in a.analysis_workers or [None]:
+            log(f"  [{n} ranks] analyses: {', '.join(a.phases)}"
+                + (f", {w} worker(s)" if w else "") + " ...")  # fmt: skip
+            r = measure(_self("--child", "analyse", "--store", str(keep), "--truth",
+                              str(folder / "truth.json"), "--phases", ",".join(a.phases),
+                              *(("--analysis-workers", str(w)) if w else ())),
+                        timeout=a.timeout)  # fmt: skip
+            if r["rc"] != 0 or r["result"] is None:
+                log(r["output"][-3000:])
+                got = {"error": f"exit code {r['rc']}", "wall_s": r["wall_s"]}
+            else:
+                got = {"wall_s": r["wall_s"], "peak_tree": r["peak_tree"],
+                       "peak_main": r["peak_main"], "peak_worker_procs": r["peak_worker_procs"],
+                       "others_share": other_share(r), **r["result"]}  # fmt: skip
+                log(f"    {r['wall_s']:.1f} s, peak {gb(r['peak_tree'])}")
+            out.setdefault("analyses", got)  # the first worker count's answers are judged
+            out["analyses_by_workers"][str(w or "default")] = got
     if keep is not None and not a.keep_stores:
         shutil.rmtree(keep, ignore_errors=True)
     return out
@@ -540,6 +550,7 @@ def render(res: dict[str, Any]) -> str:
                 f"{1000 * imp['wall_s_median'] / s['ranks']:.0f} ms | "
                 f"{imp['others_share_max']:.0%} |")  # fmt: skip
     r = res["ratios"]
+    head = len(lines)
     lines += ["", "| ratio | value | target |", "|---|---|---|"]
     for n, v in r["speedup_2_vs_1"].items():
         lines.append(f"| speed-up 2 workers vs 1, {n} ranks | {v:.2f}x | >= 1.7x |")
@@ -556,6 +567,8 @@ def render(res: dict[str, Any]) -> str:
         per = ", ".join(f"{n}: {1000 * t:.0f} ms" for n, t in r["per_rank_cpu_s"][w].items())
         lines.append(f"| CPU per rank, {w} worker(s) ({per}): largest N / smallest N | {v:.2f} "
                      "| ~1.0 (linear) |")  # fmt: skip
+    if len(lines) == head + 3:  # one worker count and one set: no ratio to print
+        del lines[head:]
     if not any(s.get("analyses") for s in res["sets"]):
         return "\n".join(lines)
     lines += ["", "| ranks | phase | s | peak RSS | result |", "|---|---|---|---|---|"]
@@ -568,7 +581,41 @@ def render(res: dict[str, Any]) -> str:
             ph = an.get(name) or {}
             lines.append(f"| {s['ranks']} | {name} | {ph.get('s', 0):.1f} | "
                          f"{gb(ph.get('rss'))} | {_verdict(name, ph)} |")  # fmt: skip
-    return "\n".join(lines)
+    return "\n".join(lines + _by_workers(res))
+
+
+def _by_workers(res: dict[str, Any]) -> list[str]:
+    """The analyses' seconds per worker count (``--analysis-workers 1,2``) and 2 vs 1."""
+    sets = [s for s in res["sets"] if len(s.get("analyses_by_workers") or {}) > 1]
+    if not sets:
+        return []
+    counts = list(sets[0]["analyses_by_workers"])
+    lines = [
+        "",
+        "| ranks | phase | "
+        + " | ".join(f"{w} worker(s)" for w in counts)
+        + (" | 2 vs 1 |" if {"1", "2"} <= set(counts) else " |"),
+        "|---|---|" + "---|" * len(counts) + ("---|" if {"1", "2"} <= set(counts) else ""),
+    ]
+    for s in sets:
+        by = s["analyses_by_workers"]
+        names = [p for p in PHASES if all(p in by[w] for w in counts)]
+        for name in [*names, "all phases"]:
+            secs = {w: (sum(by[w][p]["s"] for p in names) if name == "all phases"
+                        else by[w][name]["s"]) for w in counts}  # fmt: skip
+            row = f"| {s['ranks']} | {name} | " + " | ".join(f"{secs[w]:.1f} s" for w in counts)
+            if {"1", "2"} <= set(counts):
+                row += f" | {secs['1'] / secs['2']:.2f}x" if secs["2"] else " | —"
+            lines.append(row + " |")
+        peaks = ", ".join(f"{w}: {gb(_largest(by[w]))}" for w in counts if "error" not in by[w])
+        lines.append(f"| {s['ranks']} | largest process (peak RSS) | {peaks} |"
+                     + " |" * (len(counts) - 1 + ({"1", "2"} <= set(counts))))  # fmt: skip
+    return lines
+
+
+def _largest(an: dict[str, Any]) -> int:
+    """The peak RSS of the analyses' largest process (the calling one, or a worker)."""
+    return max([an.get("peak_main") or 0, *(an.get("peak_worker_procs") or [])])
 
 
 def _cpu(imp: dict[str, Any]) -> str:
@@ -673,6 +720,10 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="before each import wait up to S s for an idle machine (0: never)",
     )
+    ap.add_argument("--analysis-workers", default="",
+                    help="comma-separated worker counts for the analysis phases, each run "
+                    "apart (e.g. 1,2: the ratio 2 vs 1 is printed); default: the analyses' own "
+                    "default (one per core from 32 ranks)")  # fmt: skip
     ap.add_argument("--keep-stores", action="store_true")
     ap.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     ap.add_argument("--verbose", action="store_true")
@@ -695,12 +746,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.child == "import":
         return child_import(a.store, a.workers, a.folder)
     if a.child == "analyse":
-        return child_analyse(a.store, a.truth, [p for p in a.phases.split(",") if p])
+        w = int(a.analysis_workers) if a.analysis_workers else None
+        return child_analyse(a.store, a.truth, [p for p in a.phases.split(",") if p], w)
 
     default_ranks = "16,32" if a.quick else "64,128,512"
     a.ranks = [int(x) for x in (a.ranks or default_ranks).split(",") if x]
     a.workers = [x.strip() for x in a.workers.split(",") if x.strip()]
     a.phases = [p for p in a.phases.split(",") if p]
+    a.analysis_workers = [int(x) for x in a.analysis_workers.split(",") if x.strip()]
     unknown = [p for p in a.phases if p not in PHASES]
     if unknown:
         ap.error(f"unknown phase(s) {', '.join(unknown)}; known: {', '.join(PHASES)}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -245,8 +246,6 @@ def test_groups_of_ranks_give_the_one_process_answer(tmp_path, monkeypatch):
     below the job's); the diagnosis, the overview and the ranks tool give the one-process
     answer, table for table. The store lists its ranks 3, 2, 1, 0: answers joined in the
     groups' order instead of the one process's would differ."""
-    import os
-
     from xpuprof.analysis import per_rank
     from xpuprof.analysis.diagnosis import diagnosis
     from xpuprof.analysis.overview import overview
@@ -392,3 +391,31 @@ def test_dlrm_holder_and_waits_agree_with_the_raw_json(tmp_path):
     runs = res.tables["path_ranks"]
     assert int(runs["rank"].iloc[0]) == int(np.argmax(caused))
     assert res.tables["path"].iloc[0]["category"] == "late start"
+
+
+def test_the_overviews_workers_reach_the_advisors_diagnosis(tmp_path, monkeypatch):
+    """``xpuprof overview --workers N`` (``tools.overview(workers=N)``): the overview and the
+    diagnosis its advisor asks for both run their per-rank work on a cluster of N workers
+    (counted: the cluster is asked for once per analysis, not by a default), and the answer
+    is the one process's; with ``workers=1`` nothing goes to Dask."""
+    from xpuprof.analysis import per_rank
+
+    store = _job(tmp_path, {(2, 1): 110}, {(1, 2): 80})
+    calls = []
+    real = per_rank._on_dask
+    monkeypatch.setattr(per_rank, "_on_dask", lambda *a: calls.append(a[4]) or real(*a))
+    with xpuprof.load(store) as t:
+        here = tools.overview(t, workers=1)
+    assert calls == []
+    with xpuprof.load(store) as t:
+        there = tools.overview(t, workers=2)
+    assert calls == [2]  # the overview's tasks; its diagnosis, made of them, is reused
+    with per_rank.cluster_options(workers=2):
+        with per_rank.cluster_options(workers=1):
+            assert not per_rank.on_dask(64)
+        assert per_rank.on_dask(4)
+    assert not per_rank.on_dask(4) and per_rank.on_dask(64) == ((os.cpu_count() or 1) > 1)
+    for name, table in here.tables.items():
+        pd.testing.assert_frame_equal(table, there.tables[name], check_dtype=False)
+    assert here.facts == there.facts
+    assert here.facts["headline"].startswith("Bottleneck")

@@ -36,7 +36,7 @@ import importlib
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -56,6 +56,8 @@ GROUPS_PER_WORKER = 4
 #: ``depth`` > 0 in a thread running a task: the analysis it calls must not start a cluster
 #: or group again (a thread: the local cluster has a worker in the calling process).
 _task = threading.local()
+#: ``workers`` and ``scheduler`` set by :func:`cluster_options` in this thread.
+_defaults = threading.local()
 
 
 def map_parts(
@@ -74,22 +76,47 @@ def map_parts(
     parts = [int(p) for p in parts]
     seeds = seeds or {}
     kwargs = kwargs or {}
+    workers, scheduler = _given(workers, scheduler)
     if not on_dask(len(parts), workers, scheduler):
         return {p: run_part(str(trace.path), p, target, seeds.get(p, {}), kwargs) for p in parts}
-    n = workers if workers is not None else (os.cpu_count() or 1)
     units = [(p, p, seeds.get(p, {})) for p in parts]
-    return _on_dask(str(trace.path), units, target, kwargs, n, scheduler)
+    return _on_dask(str(trace.path), units, target, kwargs, _size(workers), scheduler)
+
+
+@contextlib.contextmanager
+def cluster_options(workers: int | None = None, scheduler: str | None = None) -> Iterator[None]:
+    """Within: the ``workers`` and ``scheduler`` of the per-rank work of every analysis
+    called without its own (a tool's ``--workers`` reaches the diagnosis its advisor asks
+    for, not only the analysis it calls itself). This thread only."""
+    old = _given(None, None)
+    _defaults.workers, _defaults.scheduler = workers, scheduler
+    try:
+        yield
+    finally:
+        _defaults.workers, _defaults.scheduler = old
+
+
+def _given(workers: int | None, scheduler: str | None) -> tuple[int | None, str | None]:
+    """The arguments, else those of the enclosing :func:`cluster_options`."""
+    if workers is None:
+        workers = getattr(_defaults, "workers", None)
+    return workers, scheduler or getattr(_defaults, "scheduler", None)
+
+
+def _size(workers: int | None) -> int:
+    return workers if workers is not None else (os.cpu_count() or 1)
 
 
 def on_dask(n_parts: int, workers: int | None = None, scheduler: str | None = None) -> bool:
     """Whether per-rank work over ``n_parts`` parts goes to Dask: always on a given
-    scheduler; never with one worker (or one core); by default from :data:`DASK_MIN_PARTS`."""
+    scheduler; never with one worker (or one core); by default from :data:`DASK_MIN_PARTS`
+    (:func:`cluster_options` gives the defaults)."""
     if _in_a_task():
         return False
+    workers, scheduler = _given(workers, scheduler)
     if scheduler is not None:
         return True
-    n = workers if workers is not None else (os.cpu_count() or 1)
-    return n > 1 and (workers is not None or n_parts >= DASK_MIN_PARTS)
+    return _size(workers) > 1 and (workers is not None or n_parts >= DASK_MIN_PARTS)
 
 
 def grouped(trace: Trace, parts: list[int], workers: int | None = None,
@@ -145,8 +172,9 @@ def map_groups(
     consecutive groups concatenate into the answer for all. Returns the answers in the
     order of the parts."""
     parts = [int(p) for p in parts]
+    workers, scheduler = _given(workers, scheduler)
     dask = on_dask(len(parts), workers, scheduler)
-    n = (workers if workers is not None else (os.cpu_count() or 1)) if dask else 1
+    n = _size(workers) if dask else 1
     groups = part_groups(trace, parts, n)
     kwargs = kwargs or {}
     seeds = _group_seeds(trace, groups)

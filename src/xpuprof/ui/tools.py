@@ -275,17 +275,22 @@ def document(name: str, *traces: Trace, **options: Any) -> dict[str, Any]:
 
 def overview(
     trace: Trace, *, ranks: Iterable[int] | None = None, steps: StepSelection = None,
-    top: int = 10, predict: bool = False,
+    top: int = 10, predict: bool = False, workers: int | None = None,
+    scheduler: str | None = None,
 ) -> Result:  # fmt: skip
     """The overview (step time, where it goes, bottleneck, top ops and kernels) with the
     advisor's recommendations under the numbers; with ``predict``, each recommendation's
     change replayed and the recommendations ranked by predicted gain (``advise(predict=
-    True)``). Facts: the overview's and the advisor's."""
+    True)``). ``workers``/``scheduler``: the Dask cluster of the per-rank work of both
+    (:func:`xpuprof.analysis.per_rank.cluster_options`). Facts: the overview's and the
+    advisor's."""
     from xpuprof.advise.rules import advise
     from xpuprof.analysis.overview import overview as overview_tool
+    from xpuprof.analysis.per_rank import cluster_options
 
-    ov = overview_tool(trace, ranks=ranks, steps=steps, top=top)
-    adv = advise(trace, ranks=ranks, steps=steps, overview_result=ov, predict=predict)
+    with cluster_options(workers, scheduler):
+        ov = overview_tool(trace, ranks=ranks, steps=steps, top=top)
+        adv = advise(trace, ranks=ranks, steps=steps, overview_result=ov, predict=predict)
     order = ("summary", "steps", "top_ops", "top_kernels")
     present = ov.present | adv.present
     if predict:
@@ -731,6 +736,13 @@ _PREDICTED = Presentation(
         "{saving}",
     ),
 )
+#: The Dask cluster of the per-rank work (``analysis/per_rank.py``); CLI only.
+_CLUSTER = (
+    Option("workers", "Dask workers for the per-rank analysis (default: one per core from 32 "
+                      "ranks up, else in this process).", type=int, local=True),
+    Option("scheduler", "A Dask scheduler's address: analyse the ranks on that cluster (the "
+                        "store must be readable there).", local=True),
+)  # fmt: skip
 _PREDICT = Option(
     "predict",
     "Replay each recommendation's change on the trace (as xpuprof whatif does) and rank them "
@@ -777,7 +789,8 @@ TOOLS: tuple[Tool, ...] = (
     Tool("overview", "xpuprof.ui.tools:overview",
          "Step time, where it goes (compute, communication, memcpy, input, host-bound idle), "
          "the bottleneck, top ops and kernels, and the advisor's recommendations.",
-         options=(Option("top", "Top ops and kernels to list.", 10, int), _PREDICT),
+         options=(Option("top", "Top ops and kernels to list.", 10, int), _PREDICT,
+                  *_CLUSTER),
          present=_OVERVIEW),
     Tool("summary", "xpuprof.ui.tools:summary",
          "What the demo prints: the store, the overview, top ops, slowest layers and "
@@ -850,12 +863,7 @@ TOOLS: tuple[Tool, ...] = (
          options=(Option("path", "The job's critical path across ranks (replays the trace: "
                                  "rank by rank from 32 ranks up; on by default).", None, bool,
                          flag="--path/--no-path"),
-                  Option("workers", "Dask workers for the per-rank analysis (default: one "
-                                    "per core from 32 ranks up, else in this process).",
-                         type=int, local=True),
-                  Option("scheduler", "A Dask scheduler's address: analyse the ranks on "
-                                      "that cluster (the store must be readable there).",
-                         local=True)),
+                  *_CLUSTER),
          present={"slowest": Presentation(title="who held each step back", all_rows=True,
                                           units=(("caused_ns", "ns"), ("holder_step_ns", "ns"),
                                                  ("median_step_ns", "ns"),
