@@ -1,6 +1,7 @@
-"""Per-rank analysis as Dask tasks: one task per part (≈ rank), each opening only that part of
-the store (``Trace(path, parts=[p])``), so no task holds more than one rank's tables and the
-memory of a worker is bounded by the largest rank, not by the job.
+"""Per-rank analysis as Dask tasks: one task per part (≈ rank) or group of parts, each opening
+only those parts of the store (``Trace(path, parts=[...])``), so no task holds more than one
+group's tables (below) and the memory of a worker is bounded by the largest group, not by the
+job.
 
 What crosses ranks is computed first, in the calling process, on small tables (the matched
 collectives' waits: one row per collective kernel), and handed to each task as *seeds*: entries
