@@ -327,6 +327,31 @@ def test_a_trace_of_some_parts_reads_only_those(tmp_path):
         xpuprof.Trace(store, parts=[9])
 
 
+def test_a_trace_of_some_parts_looks_up_only_their_files(tmp_path):
+    """Part 1's events file gone: the whole store and a view holding part 1 refuse to open,
+    naming the file; a view of parts 0 and 2 (what a task of those ranks opens) does not
+    look the missing file up and reads its parts (the same counts as before the loss). A
+    path out of the store is refused whichever parts are asked for."""
+    from xpuprof.core.errors import StoreError
+
+    store = _job(tmp_path, {}, {})
+    with xpuprof.Trace(store) as whole:
+        n = whole.sql("select part, count(*) as n from events group by part").set_index("part")
+    m = json.loads((store / "manifest.json").read_text())
+    gone = store / next(s for s in m["sources"] if s["part"] == 1)["files"]["events"]
+    gone.unlink()
+    for parts in (None, [1], [0, 1]):
+        with pytest.raises(StoreError, match=f"{gone.name}: missing"):
+            xpuprof.Trace(store, parts=parts)
+    with xpuprof.Trace(store, parts=[0, 2]) as some:
+        got = some.sql("select part, count(*) as n from events group by part order by part")
+        assert got["n"].tolist() == [int(n.loc[0, "n"]), int(n.loc[2, "n"])]
+    m["sources"][1]["files"]["events"] = "events/../../outside.parquet"
+    (store / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(StoreError, match="not a path inside the store"):
+        xpuprof.Trace(store, parts=[0])
+
+
 def test_one_rank_says_there_is_nothing_to_compare(tmp_path):
     tb = TraceBuilder(rank=0)
     tb.step(0, ts=0, dur=100)

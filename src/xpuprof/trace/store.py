@@ -356,10 +356,14 @@ def is_store(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
-def read_manifest(root: str | Path, *, check_files: bool = True) -> dict[str, Any]:
+def read_manifest(root: str | Path, *, check_files: bool = True,
+                  parts: set[int] | None = None) -> dict[str, Any]:  # fmt: skip
     """The manifest, validated: its schema (type of every field the code reads), unique parts,
     file paths confined to the store (``TABLE/NAME``, no ``..``, no absolute path, no symlink
-    out) and, with ``check_files``, every listed file present. Else :class:`StoreError`."""
+    out) and, with ``check_files``, every listed file present. Else :class:`StoreError`.
+    ``parts``: only these parts' files are looked up on disk (the others are never read by
+    who asks; the rest is checked for every part): a task opening a few ranks of a job of
+    hundreds does not stat thousands of files (40 ms of ~75 ms an open at 512 ranks)."""
     root = Path(root)
     p = root / MANIFEST
     if not p.is_file():
@@ -379,11 +383,12 @@ def read_manifest(root: str | Path, *, check_files: bool = True) -> dict[str, An
         msgspec.convert(m, _Manifest)
     except msgspec.ValidationError as e:
         raise StoreError(f"{p}: malformed manifest: {e}") from None
-    _check_paths(root, m, check_files)
+    _check_paths(root, m, check_files, parts)
     return m
 
 
-def _check_paths(root: Path, m: dict[str, Any], check_files: bool) -> None:
+def _check_paths(root: Path, m: dict[str, Any], check_files: bool,
+                 only: set[int] | None = None) -> None:  # fmt: skip
     p = root / MANIFEST
     parts: dict[int, int] = {}
     for i, s in enumerate(m["sources"]):
@@ -405,6 +410,8 @@ def _check_paths(root: Path, m: dict[str, Any], check_files: bool) -> None:
             if rel in seen:
                 raise StoreError(f"{p}: {where} is listed twice")
             seen.add(rel)
+            if only is not None and s["part"] not in only:
+                continue
             problem = locate(root, rel, must_exist=check_files)
             if problem:
                 raise StoreError(problem)

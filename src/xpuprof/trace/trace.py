@@ -58,9 +58,10 @@ class Trace:
         _cleanup: Path | None = None,
     ) -> None:
         self.path = Path(path).resolve()
-        self.manifest = st.read_manifest(self.path)
-        if parts is not None:
-            self.manifest = _subset(self.manifest, {int(p) for p in parts}, self.path)
+        wanted = None if parts is None else {int(p) for p in parts}
+        self.manifest = st.read_manifest(self.path, parts=wanted)
+        if wanted is not None:
+            self.manifest = _subset(self.manifest, wanted, self.path)
         self.restricted = restricted
         self.duckdb_config = dict(duckdb_config or {})
         self._con: duckdb.DuckDBPyConnection | None = None
