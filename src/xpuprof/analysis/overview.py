@@ -214,7 +214,7 @@ def _on_ranks(
     dx = from_parts(trace, [g["diagnosis"] for g in got], ranks=ranks, steps=steps)
     frames = [g["steps"] for g in got if len(g["steps"])]
     per_step = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    if len(per_step):  # by rank (and device), as one process lists them; a group lists its own so
+    if len(per_step):  # by rank (and device) over all groups, as one process lists them
         units = [c for c in ("rank", "device") if c in per_step]
         per_step = per_step.sort_values(units, kind="stable", na_position="last")
         per_step = per_step.reset_index(drop=True)

@@ -190,15 +190,13 @@ def map_groups(
 def wait_seeds(trace: Trace, parts: Iterable[int]) -> dict[int, dict[Any, Any]]:
     """Per part, the memo entry its task needs from the other ranks: its collectives' waits
     (:func:`xpuprof.analysis.comm.collective_waits`, computed here once for the store)."""
-    from xpuprof.analysis.comm import collective_waits
-
-    waits = collective_waits(trace)
-    key = ("analysis.comm.collective_waits",)
-    return {int(p): {key: waits[waits["part"] == p].reset_index(drop=True)} for p in parts}
+    parts = [int(p) for p in parts]
+    return dict(zip(parts, _group_seeds(trace, [[p] for p in parts]), strict=True))
 
 
 def _group_seeds(trace: Trace, groups: list[list[int]]) -> list[dict[Any, Any]]:
-    """:func:`wait_seeds` of each group: its parts' rows of the waits, in their order."""
+    """The memo entry of each group's task: its parts' rows of the collectives' waits, in
+    their order (computed here once for the store)."""
     from xpuprof.analysis.comm import collective_waits
 
     waits = collective_waits(trace)

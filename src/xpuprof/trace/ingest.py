@@ -508,10 +508,9 @@ def _preload(jobs: list[tuple[Path, int]]) -> str:
     """The Dask workers' start method for importing ``jobs``: forked from a *fork server*
     that imports what they need once (the readers of these files), not from this process,
     whose other threads (DuckDB's, torch's, a web server's) may hold a lock at the fork and
-    leave the child stuck
-    — the cluster then waits forever (seen in the test suite). Costs the server's start once
-    per process (8-rank benchmark import: 5.0–5.7 s forked here, 7.0 s), now overlapped with
-    the work of the worker in this process; else spawn."""
+    leave the child stuck — the cluster then waits forever (seen in the test suite). Costs
+    the server's start once per process (8-rank benchmark import: 5.0–5.7 s forked here,
+    7.0 s), now overlapped with the work of the worker in this process; else spawn."""
     from xpuprof.formats import reader_for
 
     modules = dict.fromkeys(("xpuprof.trace.ingest", "xpuprof.trace.normalize"))
