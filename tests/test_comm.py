@@ -10,7 +10,9 @@ and the comm/compute overlap — which HTA 0.5.0 also reports for these files.
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -248,6 +250,52 @@ def test_dlrm_table_matches_the_raw_json(dlrm):
         assert mine["collective"].tolist() == [x["type"] for x in info["nccl"]]
         assert mine["bytes"].tolist() == [x["bytes"] for x in info["nccl"]]
         assert (mine["group_size"] == 8).all()  # world size: no group args in these files
+
+
+def test_dlrm_per_rank_half_split_by_ranks(dlrm, monkeypatch):
+    """The per-rank half of the collectives (each kernel's type and size from its host
+    annotation, its overlap) run by groups of ranks — as tasks of a real 2-worker Dask cluster,
+    and in one process with the host event tree built one group of ranks at a time — gives
+    the raw JSON's types and sizes and the one-pass tables; the half is computed once for
+    every alignment asked of the trace."""
+    import pandas as pd
+
+    from xpuprof.analysis import per_rank
+
+    t, raw = dlrm
+    one_pass = collectives(t, align="none")
+    assert set(one_pass["collectives"]["type_source"]) == {"host annotation"}
+    sizes = {int(s["part"]): s["rows"]["events"] for s in t.sources}
+    parts = sorted(sizes)
+    monkeypatch.setattr(per_rank, "GROUP_MAX_EVENTS", sizes[parts[0]] + sizes[parts[1]])
+    trees = []
+    identify = importlib.import_module("xpuprof.analysis.comm.identify")
+    real = identify._host_ops_of
+    monkeypatch.setattr(identify, "_host_ops_of",
+                        lambda tr, *a: trees.append(len(tr.sources)) or real(tr, *a))  # fmt: skip
+    with xpuprof.load(t.path) as t1:
+        in_groups = collectives(t1, align="none")
+    assert len(trees) >= 4 and max(trees) <= 2  # host trees of at most two ranks at a time
+    monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    maps = []
+    real_map = per_rank.map_groups
+    monkeypatch.setattr(per_rank, "map_groups",
+                        lambda tr, target, *a, **k: maps.append(target) or
+                        real_map(tr, target, *a, **k))  # fmt: skip
+    with xpuprof.load(t.path) as t2:
+        on_dask = collectives(t2, align="none")
+        assert len(collectives(t2, align="end")["skew"]) == 8
+    assert maps == ["xpuprof.analysis.comm:part_collectives"]  # once for both alignments
+    for res in (in_groups, on_dask):
+        for name, table in one_pass.tables.items():
+            pd.testing.assert_frame_equal(table, res.tables[name], check_dtype=False)
+        assert res.notes == one_pass.notes and res.facts == one_pass.facts
+        c = res["collectives"]
+        for rank, info in raw.items():
+            mine = c[c["rank"] == rank].sort_values("ts")
+            assert mine["collective"].tolist() == [x["type"] for x in info["nccl"]]
+            assert mine["bytes"].tolist() == [x["bytes"] for x in info["nccl"]]
 
 
 def test_dlrm_skew_and_stragglers(dlrm):

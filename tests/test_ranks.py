@@ -243,10 +243,12 @@ def test_groups_of_ranks_give_the_one_process_answer(tmp_path, monkeypatch):
     """Several ranks per task (:func:`xpuprof.analysis.per_rank.map_groups`): on a real
     2-worker cluster, two groups of two ranks (``GROUPS_PER_WORKER`` lowered to 1), and in this
     process with one worker, groups of at most two ranks' events (``GROUP_MAX_EVENTS`` lowered
-    below the job's); the diagnosis, the overview and the ranks tool give the one-process
-    answer, table for table. The store lists its ranks 3, 2, 1, 0: answers joined in the
+    below the job's); the collectives (identified and measured per group, matched across
+    ranks after), the diagnosis, the overview and the ranks tool give the one-process answer,
+    table for table. The store lists its ranks 3, 2, 1, 0: answers joined in the
     groups' order instead of the one process's would differ."""
     from xpuprof.analysis import per_rank
+    from xpuprof.analysis.comm import collectives
     from xpuprof.analysis.diagnosis import diagnosis
     from xpuprof.analysis.overview import overview
 
@@ -254,7 +256,7 @@ def test_groups_of_ranks_give_the_one_process_answer(tmp_path, monkeypatch):
 
     def answers(**kw):
         with xpuprof.load(store) as t:
-            return overview(t), diagnosis(t), rank_steps(t, **kw)
+            return collectives(t), overview(t), diagnosis(t), rank_steps(t, **kw)
 
     here = answers()
     with xpuprof.load(store) as t:
@@ -285,7 +287,8 @@ def test_groups_of_ranks_give_the_one_process_answer(tmp_path, monkeypatch):
             for name, table in a.tables.items():
                 pd.testing.assert_frame_equal(table, b.tables[name], check_dtype=False)
             assert a.facts == b.facts and a.notes == b.notes
-    assert here[2].facts["holder"] == 2  # the job's own answer, worked out in the tests above
+    assert here[3].facts["holder"] == 2  # the job's own answer, worked out in the tests above
+    assert len(here[0].tables["skew"]) == 3  # three all-reduces matched across the 4 ranks
 
 
 def test_part_groups_rule(tmp_path, monkeypatch):
@@ -434,7 +437,9 @@ def test_the_overviews_workers_reach_the_advisors_diagnosis(tmp_path, monkeypatc
     assert calls == []
     with xpuprof.load(store) as t:
         there = tools.overview(t, workers=2)
-    assert calls == [2]  # the overview's tasks; its diagnosis, made of them, is reused
+    # the collectives' per-rank half (the tasks' seeds are made of it), then the overview's
+    # tasks; its diagnosis, made of them, is reused
+    assert calls == [2, 2]
     with per_rank.cluster_options(workers=2):
         with per_rank.cluster_options(workers=1):
             assert not per_rank.on_dask(64)

@@ -165,10 +165,12 @@ def map_groups(
     kwargs: dict[str, Any] | None = None,
     workers: int | None = None,
     scheduler: str | None = None,
+    seeded: bool = True,
 ) -> list[Any]:
     """``target(Trace of a group of parts, **kwargs)`` for each group of
     :func:`part_groups`, as Dask tasks or here (module docstring), each Trace's memo seeded
-    with its parts' collective waits (:func:`wait_seeds`). ``target`` must give the answer
+    with its parts' collective waits (:func:`wait_seeds`) unless ``seeded`` is False (the
+    collectives' own per-rank half, which the waits are made of). ``target`` must give the answer
     of one process for whatever parts its Trace holds, in a form whose answers for
     consecutive groups concatenate into the answer for all. Returns the answers in the
     order of the parts."""
@@ -178,7 +180,7 @@ def map_groups(
     n = _size(workers) if dask else 1
     groups = part_groups(trace, parts, n)
     kwargs = kwargs or {}
-    seeds = _group_seeds(trace, groups)
+    seeds = _group_seeds(trace, groups) if seeded else [{} for _ in groups]
     if not dask:
         return [run_part(str(trace.path), g, target, s, kwargs)
                 for g, s in zip(groups, seeds, strict=True)]  # fmt: skip

@@ -184,10 +184,12 @@ def _in_steps(w: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     """The collective rows ``w`` with the step whose window (on their part's own clock) holds
     their start; rows outside every step are dropped."""
     out = []
+    windows = dict(list(rows.groupby("part", sort=False)))  # (one pass: hundreds of ranks)
     for p, g in w.groupby("part"):
-        win = rows[rows["part"] == p].sort_values("ts")
-        if win.empty:
+        win = windows.get(p)
+        if win is None or win.empty:
             continue
+        win = win.sort_values("ts")
         ts = win["ts"].to_numpy(np.int64)
         at = g["ts"].to_numpy(np.int64)
         k = np.searchsorted(ts, at, side="right") - 1

@@ -13,12 +13,13 @@ across ranks, clock alignment, stragglers). ``docs/comm.md`` defines every numbe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from xpuprof.analysis.comm.host import host_collective_ids, host_collectives
+from xpuprof.analysis.comm.host import host_collectives
 from xpuprof.analysis.comm.identify import KERNEL_ARGS_SQL, Identity, identify
 from xpuprof.analysis.comm.kinds import (
     ALGORITHMS,
@@ -98,13 +99,91 @@ def collectives(
     # it once (each caller gets its own Result around the shared, read-only tables)
     key = ("analysis.comm.collectives", where, align)
     if key not in trace.memo:
-        trace.memo[key] = _collectives(trace, where, align)
+        trace.memo[key] = _collectives(trace, where, align, ranks)
     res = trace.memo[key]
     return Result(tables=dict(res.tables), notes=list(res.notes), facts=dict(res.facts))
 
 
-def _collectives(trace: Trace, where: str, align: str) -> Result:
-    """:func:`collectives` of the events ``where`` selects."""
+def _collectives(trace: Trace, where: str, align: str, ranks: Iterable[int] | None) -> Result:
+    """:func:`collectives` of the events ``where`` selects (of the ranks ``ranks``): each
+    rank's collectives identified and measured by :func:`part_collectives` — by groups of
+    ranks, as Dask tasks on many ranks (``analysis.per_rank``) — then labelled and matched
+    across ranks here."""
+    pieces = _per_rank_half(trace, where, ranks)
+    if not pieces:
+        return _empty()
+    out = pd.concat([p.table for p in pieces], ignore_index=True)  # groups in part order
+    participant, shared_rank = _participants(out)
+    out["participant"] = participant
+    out["seq"] = out.groupby(["participant", "process_group"]).cumcount()
+    overlap_table = pd.concat([p.overlap for p in pieces], ignore_index=True)
+    label = dict(zip(zip(out["part"], out["device"], strict=True), participant, strict=True))
+    overlap_table["participant"] = [label.get((p, d)) for p, d in
+                                    zip(overlap_table["part"], overlap_table["device"],
+                                        strict=True)]  # fmt: skip
+    tables = {
+        "collectives": out[COLUMNS],
+        "summary": _summary(out),
+        "overlap": overlap_table[OVERLAP_COLUMNS],
+    }
+    notes = _notes(sum(p.assumed_world for p in pieces), out, shared_rank)
+    absent = missing_ranks_note(trace)
+    if absent:
+        notes.insert(0, absent)
+    if not shared_rank:
+        skew_tables, skew_notes = skew(trace, out, align)
+        late = skew_tables.pop("late", None)
+        if late is not None:  # each collective's lateness behind its first participant
+            tables["collectives"] = tables["collectives"].assign(late_ns=late)
+        tables.update(skew_tables)
+        notes += skew_notes
+    line = headline(tables)
+    return Result(tables=tables, notes=notes, facts={"headline": line} if line else {})
+
+
+def _per_rank_half(trace: Trace, where: str, ranks: Iterable[int] | None) -> list[PartCollectives]:
+    """:func:`part_collectives` of the selected ranks, by groups on Dask for many ranks
+    (``analysis.per_rank``), else in one pass; cached on the trace (every alignment shares
+    it)."""
+    from xpuprof.analysis import per_rank
+
+    key = ("analysis.comm.part_collectives", where)
+    if key in trace.memo:
+        return trace.memo[key]
+    parts = sorted(per_rank.selected_parts(trace, ranks))
+    # on one worker, one pass: identify's host trees are built per group of parts already
+    # (bounded memory), and groups opened one by one here cost more than they save
+    if per_rank.on_dask(len(parts)) and _one_part_per_rank(trace):
+        pieces = per_rank.map_groups(trace, f"{__name__}:part_collectives", parts,
+                                     kwargs={"where": where}, seeded=False)  # fmt: skip
+    else:
+        pieces = [part_collectives(trace, where)]
+    trace.memo[key] = [p for p in pieces if p is not None]
+    return trace.memo[key]
+
+
+def _one_part_per_rank(trace: Trace) -> bool:
+    """Whether no rank is recorded by several parts (then the ranks' halves are independent:
+    ``steps="drop-last"`` looks for a rank's last step in its own part)."""
+    ranks = [s["rank"] for s in trace.sources if s["rank"] is not None]
+    return len(ranks) == len(set(ranks))
+
+
+@dataclass
+class PartCollectives:
+    """The per-rank half of :func:`collectives` for some parts: their collectives table
+    without ``participant`` and ``seq`` (which need every rank), its overlap columns filled,
+    the per-(part, device) overlap rows, and how many groups were assumed to be the world."""
+
+    table: pd.DataFrame
+    overlap: pd.DataFrame
+    assumed_world: int
+
+
+def part_collectives(trace: Trace, where: str) -> PartCollectives | None:
+    """Each collective of the parts ``trace`` holds (``where`` selects events), identified
+    (``identify``) and measured (bandwidth, overlap with compute); None when there is none.
+    The answers for consecutive groups of parts concatenate into the answer for all."""
     cols = ("id, part, rank, device, stream, name, category, ts, dur, bytes, correlation, "
             + KERNEL_ARGS_SQL)  # fmt: skip
     df = trace.sql(
@@ -118,34 +197,16 @@ def _collectives(trace: Trace, where: str, align: str) -> Result:
     else:
         df = df.assign(on_host=False)
     if df.empty:
-        return _empty()
+        return None
     ident = identify(trace, df)
-    participant, shared_rank = _participants(df)
-    out = _table(df, ident, participant)
+    out = _table(df, ident)
     on_dev = ~df["on_host"].to_numpy(bool)
     per_kernel = np.full(len(out), np.nan)
     per_kernel[on_dev], overlap_table = overlap(trace, out[on_dev], where)
     out["overlap_ns"] = per_kernel
     with np.errstate(divide="ignore", invalid="ignore"):
         out["overlap_pct"] = np.where(out["dur"] > 0, 100 * per_kernel / out["dur"], np.nan)
-    tables = {
-        "collectives": out[COLUMNS],
-        "summary": _summary(out),
-        "overlap": overlap_table,
-    }
-    notes = _notes(ident, shared_rank)
-    absent = missing_ranks_note(trace)
-    if absent:
-        notes.insert(0, absent)
-    if not shared_rank:
-        skew_tables, skew_notes = skew(trace, out, align)
-        late = skew_tables.pop("late", None)
-        if late is not None:  # each collective's lateness behind its first participant
-            tables["collectives"] = tables["collectives"].assign(late_ns=late)
-        tables.update(skew_tables)
-        notes += skew_notes
-    line = headline(tables)
-    return Result(tables=tables, notes=notes, facts={"headline": line} if line else {})
+    return PartCollectives(out, overlap_table, ident.assumed_world)
 
 
 def headline(tables: dict[str, pd.DataFrame]) -> str | None:
@@ -207,13 +268,12 @@ def collective_waits(trace: Trace) -> pd.DataFrame:
     key = ("analysis.comm.collective_waits",)
     if key in trace.memo:
         return trace.memo[key]
-    dev = trace.sql("select distinct part from events where level = 'collective'")
-    parts = set(dev["part"].tolist()) | set(host_collective_ids(trace)["part"].tolist())
     out = pd.DataFrame(columns=WAIT_COLUMNS)
-    if len(parts) >= 2:
+    if len(trace.sources) >= 2:  # (no query of every rank's events for the parts here)
         res = collectives(trace)
-        if "skew" in res.tables and len(res.tables["skew"]):
-            out = _waits(res.tables["collectives"], res.tables["clock"], res.tables["skew"])
+        coll = res.tables["collectives"]
+        if coll["part"].nunique() >= 2 and "skew" in res.tables and len(res.tables["skew"]):
+            out = _waits(coll, res.tables["clock"], res.tables["skew"])
     trace.memo[key] = out
     return out
 
@@ -245,7 +305,7 @@ def _participants(df: pd.DataFrame) -> tuple[np.ndarray, bool]:
     with its source then, and the second value is True (no cross-rank skew is computed)."""
     rank = df["rank"]
     shared_rank = bool((df.dropna(subset=["rank"]).groupby("rank")["part"].nunique() > 1).any())
-    on_dev = ~df["on_host"].to_numpy(bool)
+    on_dev = (df["where"] == "device").to_numpy(bool)
     multi_dev = bool(on_dev.any()) and df[on_dev].groupby("part")["device"].nunique().max() > 1
     rank_str = rank.astype("string").fillna("").to_numpy(object)
     part_str = df["part"].astype(str).to_numpy(object)
@@ -260,10 +320,10 @@ def _participants(df: pd.DataFrame) -> tuple[np.ndarray, bool]:
     return label.astype(object), shared_rank
 
 
-def _table(df: pd.DataFrame, ident: Identity, participant: np.ndarray) -> pd.DataFrame:
-    """The collectives table (overlap columns added by the caller): identity, algbw =
-    bytes / duration, busbw = algbw × nccl-tests' factor, and ``seq``, the collective's
-    position in its participant's process group (what matches it across ranks)."""
+def _table(df: pd.DataFrame, ident: Identity) -> pd.DataFrame:
+    """The collectives table (overlap columns, the participant and ``seq`` — its position in
+    its participant's process group, what matches it across ranks — added by the callers):
+    identity, algbw = bytes / duration, busbw = algbw × nccl-tests' factor."""
     dur = df["dur"].to_numpy(float)
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(dur > 0, ident.nbytes / (dur * 1e-9), np.nan)
@@ -273,7 +333,6 @@ def _table(df: pd.DataFrame, ident: Identity, participant: np.ndarray) -> pd.Dat
         {
             "rank": df["rank"].astype("Int64"),
             "part": df["part"].to_numpy(),
-            "participant": participant,
             "where": np.where(df["on_host"].to_numpy(bool), "host", "device"),
             "device": df["device"].to_numpy(),
             "stream": df["stream"],
@@ -296,7 +355,6 @@ def _table(df: pd.DataFrame, ident: Identity, participant: np.ndarray) -> pd.Dat
             "name": df["name"].to_numpy(object),
         }
     )
-    out["seq"] = out.groupby(["participant", "process_group"]).cumcount()
     return out
 
 
@@ -333,21 +391,21 @@ def _summary(out: pd.DataFrame) -> pd.DataFrame:
     return g[SUMMARY_COLUMNS]
 
 
-def _notes(ident: Identity, shared_rank: bool) -> list[str]:
+def _notes(assumed_world: int, out: pd.DataFrame, shared_rank: bool) -> list[str]:
     """What the tables cannot say: assumed groups, unknown sizes and types, repeated ranks."""
     notes = []
-    if ident.assumed_world:
+    if assumed_world:
         notes.append(
-            f"{ident.assumed_world} collectives carry no group size or process group: their "
+            f"{assumed_world} collectives carry no group size or process group: their "
             "group is assumed to be the whole world (distributedInfo.world_size)."
         )
-    unsized = int(np.isnan(ident.nbytes).sum())
+    unsized = int(out["bytes"].isna().sum())
     if unsized:
         notes.append(
             f"{unsized} collectives have no known size (no msg nelems on the kernel or its host "
             "op, no shapes): no algbw/busbw for them."
         )
-    unknown = int((ident.kind == "unknown").sum())
+    unknown = int((out["collective"] == "unknown").sum())
     if unknown:
         notes.append(
             f"{unknown} collectives are of unknown type (e.g. ncclDevKernel_Generic without "

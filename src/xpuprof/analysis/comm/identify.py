@@ -214,27 +214,25 @@ def _fill_from_args(ident: Identity, i: int, r: Any) -> None:
         ident.set_kind(i, normalize_collective(r.hlo), "HLO category")
 
 
-#: The host event tree is built for at most this many parts at a time: a job of hundreds of
-#: ranks holds tens of millions of host events, and one tree of them all would hold gigabytes.
-HOST_TREE_PARTS = 32
-
-
 def _host_ops(trace: Trace, df: pd.DataFrame, need: np.ndarray) -> pd.DataFrame:
     """For the kernels ``need``: the nearest enclosing ``record_param_comms`` op and
     ``nccl:<name>`` annotation of the runtime call that launched each (same part and
-    correlation id), as event ids (-1: none), and the annotation's name. Over
-    :data:`HOST_TREE_PARTS` parts, one group of parts at a time (a view of the store holding
-    only them), so memory is bounded by the group, not the job."""
+    correlation id), as event ids (-1: none), and the annotation's name. The host event tree
+    is built for one group of parts at a time (``analysis.per_rank.part_groups``: at most
+    ``GROUP_MAX_EVENTS`` events, a view of the store holding only them): a job of hundreds of
+    ranks holds tens of millions of host events, and one tree of them all would hold
+    gigabytes. A task's trace is one such group already."""
+    from xpuprof.analysis.per_rank import part_groups
+
     parts = df["part"].to_numpy(np.int64)[need]
-    uniq = np.unique(parts)
-    if len(uniq) <= HOST_TREE_PARTS:
+    groups = part_groups(trace, np.unique(parts).tolist(), 1)
+    if len(groups) <= 1:
         return _host_ops_of(trace, df, need)
     from xpuprof.trace.trace import Trace as Store
 
     frames = []
-    for k in range(0, len(uniq), HOST_TREE_PARTS):
-        group = uniq[k : k + HOST_TREE_PARTS]
-        with Store(trace.path, parts=group.tolist(), restricted=trace.restricted,
+    for group in groups:
+        with Store(trace.path, parts=group, restricted=trace.restricted,
                    duckdb_config=trace.duckdb_config) as sub:  # fmt: skip
             frames.append(_host_ops_of(sub, df, need[np.isin(parts, group)]))
     return pd.concat(frames, ignore_index=True)

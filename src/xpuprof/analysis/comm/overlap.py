@@ -44,7 +44,9 @@ class _Cover:
 def overlap(trace: Trace, out: pd.DataFrame, where: str) -> tuple[np.ndarray, pd.DataFrame]:
     """Per collective of ``out`` (the collectives table so far), the ns during which a
     computation kernel (a ``kernel``-level event: not a collective, copy or set) of the
-    selected events (``where``) runs on its device; and the per-participant table."""
+    selected events (``where``) runs on its device; and the per-participant table, one row
+    per part and device (its ``participant`` left to the caller, who labels them across
+    ranks)."""
     comp = trace.sql(
         f"""select part, device, ts, ts + dur as te from events
             where {where} and level = 'kernel' and dur is not null and device >= 0"""
@@ -64,7 +66,7 @@ def overlap(trace: Trace, out: pd.DataFrame, where: str) -> tuple[np.ndarray, pd
         both = float(cover.within(cs, ce).sum())
         rows.append(
             {
-                "participant": out["participant"].iat[idx[0]],
+                "participant": None,
                 "rank": out["rank"].iat[idx[0]],
                 "part": p,
                 "device": d,
