@@ -90,14 +90,30 @@ def test_the_path_jumps_to_each_steps_straggler(tmp_path):
     assert prep.to_dict() == {1: 60 * US, 3: 110 * US, 2: 40 * US}
 
 
-def test_the_ranks_tool_on_dask_gives_the_whole_replays_tables(tmp_path):
+@pytest.mark.parametrize("per_worker", [4, 1])
+def test_the_ranks_tool_on_dask_gives_the_whole_replays_tables(tmp_path, monkeypatch, per_worker):
     """``ranks`` with 2 workers takes the partitioned path (Dask tasks on a LocalCluster):
-    its path tables equal those of the whole replay (``--workers 1``, 4 ranks: one process)."""
+    its path tables equal those of the whole replay (``--workers 1``, 4 ranks: one process),
+    with a task per rank and with tasks of two ranks each (their graphs built in turn)."""
+    from xpuprof.analysis import per_rank
+
     store = _job(tmp_path)
     with xpuprof.load(store) as t:
         here = tools.run("ranks", t, workers=1)
+    monkeypatch.setattr(per_rank, "GROUPS_PER_WORKER", per_worker)
+    tasks = []
+    real = per_rank._on_dask
+
+    def on_dask(path, units, target, *a):
+        tasks.append((target, units))
+        return real(path, units, target, *a)
+
+    monkeypatch.setattr(per_rank, "_on_dask", on_dask)
     with xpuprof.load(store) as t:
         there = tools.run("ranks", t, workers=2)
+    terms = [[len(g) for _, g, _ in units] for target, units in tasks
+             if target.endswith(":part_terms")]  # fmt: skip
+    assert terms == [[1, 1, 1, 1] if per_worker == 4 else [2, 2]], tasks
     assert any("replayed rank by rank" in n for n in there.notes)
     assert not any("replayed rank by rank" in n for n in here.notes)
     for name in ("path", "path_events", "path_ranks"):
@@ -186,13 +202,13 @@ def test_pruned_terms_keep_each_step_end_on_its_own_last_rendezvous(tmp_path):
         rendezvous_ns=last["rendezvous_ns"].reindex(mine["key"]).to_numpy(),
         arrival_ns=last["rendezvous_ns"].reindex(mine["key"]).to_numpy(),
     )
-    seed = {job_parts.SEED: {"offset": offsets[0], "plan": plan.reset_index(drop=True),
-                             "window": None, "align": "auto"}}  # fmt: skip
-    pruned = run_part(str(store), 0, "xpuprof.sim.job_parts:part_terms", seed, {})
+    seed = {job_parts.SEED: {0: {"offset": offsets[0], "plan": plan.reset_index(drop=True),
+                                 "window": None, "align": "auto"}}}  # fmt: skip
+    pruned = run_part(str(store), 0, "xpuprof.sim.job_parts:part_terms", seed, {})[0]
     orig = job_parts.prune
     try:
         job_parts.prune = lambda t, key_col: t
-        dense = run_part(str(store), 0, "xpuprof.sim.job_parts:part_terms", seed, {})
+        dense = run_part(str(store), 0, "xpuprof.sim.job_parts:part_terms", seed, {})[0]
     finally:
         job_parts.prune = orig
     gcols = np.array([keys.index(k) for k in pruned["keys"]])

@@ -165,12 +165,13 @@ def map_groups(
     kwargs: dict[str, Any] | None = None,
     workers: int | None = None,
     scheduler: str | None = None,
-    seeded: bool = True,
+    seeds: Callable[[list[list[int]]], list[dict[Any, Any]]] | None = None,
 ) -> list[Any]:
     """``target(Trace of a group of parts, **kwargs)`` for each group of
     :func:`part_groups`, as Dask tasks or here (module docstring), each Trace's memo seeded
-    with its parts' collective waits (:func:`wait_seeds`) unless ``seeded`` is False (the
-    collectives' own per-rank half, which the waits are made of). ``target`` must give the answer
+    with ``seeds(groups)[i]`` — by default its parts' collective waits (:func:`wait_seeds`;
+    the collectives' own per-rank half, which the waits are made of, seeds nothing; the job
+    path, its parts' plans). ``target`` must give the answer
     of one process for whatever parts its Trace holds, in a form whose answers for
     consecutive groups concatenate into the answer for all. Returns the answers in the
     order of the parts."""
@@ -180,11 +181,11 @@ def map_groups(
     n = _size(workers) if dask else 1
     groups = part_groups(trace, parts, n)
     kwargs = kwargs or {}
-    seeds = _group_seeds(trace, groups) if seeded else [{} for _ in groups]
+    memo = _group_seeds(trace, groups) if seeds is None else seeds(groups)
     if not dask:
         return [run_part(str(trace.path), g, target, s, kwargs)
-                for g, s in zip(groups, seeds, strict=True)]  # fmt: skip
-    units = [(i, g, seeds[i]) for i, g in enumerate(groups)]
+                for g, s in zip(groups, memo, strict=True)]  # fmt: skip
+    units = [(i, g, memo[i]) for i, g in enumerate(groups)]
     got = _on_dask(str(trace.path), units, target, kwargs, n, scheduler)
     return [got[i] for i in range(len(groups))]
 

@@ -74,20 +74,19 @@ def build(
     windows: dict[int, tuple[int, int]] | None = None,
     align: str = "auto",
     plan: tuple[int, pd.DataFrame] | None = None,
+    fetched: tuple[pd.DataFrame, ...] | None = None,
 ) -> ReplayGraph:
     """The replay graph of ``parts`` (default: all) over host events starting in each part's
     window (inclusive ns, the part's own clock; absent: all) and the device work they launched
     (device work without a launch: starting in the window): ``graph.replay_graph``. ``plan``:
     (clock offset, matched collectives) of the one part in ``parts``, planned over the whole
-    job (``sim/job_parts.py``), instead of matching the collectives among ``parts``."""
+    job (``sim/job_parts.py``), instead of matching the collectives among ``parts``.
+    ``fetched``: :func:`fetch_parts` of parts that include ``parts`` (a task building the
+    graphs of a group of parts one by one queries the store once for them all)."""
     ranks = {int(s["part"]): s.get("rank") for s in trace.sources}
     parts = sorted(ranks) if parts is None else sorted(int(p) for p in parts)
     windows = windows or {}
-    sql = ", ".join(map(str, parts)) or "null"
-    host_all = gb.fetch(trace, HOST_SQL.replace("{parts}", sql))
-    dev_all = gb.fetch(trace, DEVICE_SQL.replace("{parts}", sql))
-    sync_all = gb.fetch(trace, gb.SYNC_QUERY.replace("{parts}", sql))
-    fb_all = gb.fetch(trace, _FWDBWD_SQL.replace("{parts}", sql))
+    host_all, dev_all, sync_all, fb_all = fetched or fetch_parts(trace, parts)
     b = Builder()
     from xpuprof.analysis.comm.host import host_collective_ids
 
@@ -104,6 +103,14 @@ def build(
     else:
         offsets = add_collectives(b, trace, parts, align)
     return b.finish(tuple(parts), {p: ranks.get(p) for p in parts}, offsets)
+
+
+def fetch_parts(trace: Trace, parts: list[int]) -> tuple[pd.DataFrame, ...]:
+    """The rows :func:`build` reads of ``parts``: host events, device work, synchronisations,
+    forward/backward links."""
+    sql = ", ".join(map(str, parts)) or "null"
+    return tuple(gb.fetch(trace, q.replace("{parts}", sql))
+                 for q in (HOST_SQL, DEVICE_SQL, gb.SYNC_QUERY, _FWDBWD_SQL))  # fmt: skip
 
 
 def _rows(df: pd.DataFrame, part: int) -> pd.DataFrame:

@@ -11,7 +11,8 @@ partition solves the coupling exactly, in three rounds:
    as :func:`xpuprof.sim.collectives.add_collectives` uses them: per collective key
    (process group # position) its participants, its last one by aligned measured start
    (ties as ``_rendezvous`` breaks them), the transfer time (that one's duration).
-2. *Terms* (one task per part, :func:`part_terms`): the part's replay graph alone, each
+2. *Terms* (a task per group of parts, :func:`part_terms`; each part's graph built in
+   turn): the part's replay graph alone, each
    rendezvous a free variable ``R_k``; one pass of the engine's order over the graph with a
    vector per point gives every collective start and step start/end of the part as
    ``max(c, max_k R_k + L_k)`` (max-plus: ``c`` the time set by the part's own pinned starts,
@@ -20,7 +21,7 @@ partition solves the coupling exactly, in three rounds:
    the keys' dependencies (Kahn over keys; a cycle across ranks: no partitioned answer). This
    is the whole replay's schedule at every rendezvous, so ``since`` (the earliest simulated
    first-step start) and the step end that ends last are known too.
-4. *Walks* (one task per part that set a rendezvous or holds the last step end: no other part
+4. *Walks* (the parts that set a rendezvous or hold the last step end, by groups: no other part
    can be on the path; :func:`part_walks`): the part's graph with each rendezvous fed
    by its own starts and a pinned node at the solved ``R_k``: its identity replay is the job
    replay's schedule on that part. Walks back (as :class:`~xpuprof.sim.paths.Walk`) from the
@@ -45,13 +46,13 @@ from xpuprof.core.errors import XpuprofError
 from xpuprof.sim.paths import CATEGORIES, JOB_PATH_COLUMNS, Walk, step_nodes
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from xpuprof.analysis.common import StepSelection
     from xpuprof.sim.graph import ReplayGraph
     from xpuprof.trace.trace import Trace
 
-#: The memo entry of a task's seed (``analysis/per_rank.py``): its part's plan and clock.
+#: The memo entry of a task's seeds (``analysis/per_rank.py``): part → its plan and clock.
 SEED = ("sim.job_parts", "seed")
 #: "No path": a time before every real one (the engine's value of no input).
 NONE = np.iinfo(np.int64).min // 4
@@ -77,7 +78,6 @@ def job_path_parts(
     """The job's critical path (:func:`xpuprof.sim.paths.job_path` of the identity replay of
     the same ranks and steps), one Dask task per part (module docstring). Raises
     :class:`NotPartitioned` where that is not possible."""
-    from xpuprof.analysis.per_rank import map_parts
     from xpuprof.sim.replay import replayed_parts, step_windows
 
     parts = replayed_parts(trace, ranks)
@@ -93,24 +93,41 @@ def job_path_parts(
         )
         pl["arrival_ns"] = (pl["rendezvous_ns"] if arrival is None
                             else arrival.reindex(pl["key"]).to_numpy(np.int64))  # fmt: skip
-        return {SEED: {"offset": int(offsets.get(p, 0)), "plan": pl.reset_index(drop=True),
-                       "window": windows.get(p), "align": align, **more}}  # fmt: skip
+        return {"offset": int(offsets.get(p, 0)), "plan": pl.reset_index(drop=True),
+                "window": windows.get(p), "align": align, **more}  # fmt: skip
 
-    terms = map_parts(trace, "xpuprof.sim.job_parts:part_terms", parts,
-                      seeds={p: seed(p, None) for p in parts}, workers=workers,
-                      scheduler=scheduler)  # fmt: skip
+    terms = _by_groups(trace, "part_terms", {p: seed(p, None) for p in parts}, workers,
+                       scheduler)  # fmt: skip
     solved = solve(rows, terms)
     st = solved["setters"]
     # only the parts that set a rendezvous or hold the last step end can be on the path
     on_path = sorted({int(p) for p in st["setter_part"]} | {solved["z_part"]})
-    walks = map_parts(trace, "xpuprof.sim.job_parts:part_walks", on_path,
-                      seeds={p: seed(p, solved["rendezvous"],
-                                     setters=st[st["setter_part"] == p]["setter"].tolist(),
-                                     since=solved["since"],
-                                     z=solved["z"] if solved["z_part"] == p else None)
-                             for p in on_path}, workers=workers, scheduler=scheduler)  # fmt: skip
+    walks = _by_groups(trace, "part_walks",
+                       {p: seed(p, solved["rendezvous"],
+                                setters=st[st["setter_part"] == p]["setter"].tolist(),
+                                since=solved["since"],
+                                z=solved["z"] if solved["z_part"] == p else None)
+                        for p in on_path}, workers, scheduler)  # fmt: skip
     ranks_of = {int(s["part"]): s.get("rank") for s in trace.sources}
     return stitch(walks, solved, ranks_of)
+
+
+def _by_groups(trace: Trace, target: str, seeds: dict[int, dict[str, Any]],
+               workers: int | None, scheduler: str | None) -> dict[int, Any]:  # fmt: skip
+    """``target`` (:func:`part_terms` or :func:`part_walks`) of the parts ``seeds`` holds, a
+    task per group of parts (``analysis.per_rank.map_groups``), each seeded with its parts'
+    seeds; part → answer."""
+    from xpuprof.analysis.per_rank import map_groups
+
+    got = map_groups(
+        trace,
+        f"{__name__}:{target}",
+        sorted(seeds),
+        workers=workers,
+        scheduler=scheduler,
+        seeds=lambda groups: [{SEED: {p: seeds[p] for p in g}} for g in groups],
+    )
+    return {p: answer for group in got for p, answer in group.items()}
 
 
 # -- 1. plan -------------------------------------------------------------------------------------
@@ -179,15 +196,30 @@ def graph_collectives(
 # -- 2. terms (a task) ---------------------------------------------------------------------------
 
 
-def _graph(trace: Trace, offset: int, plan: pd.DataFrame, window: tuple[int, int] | None,
-           align: str) -> tuple[ReplayGraph, int]:  # fmt: skip
+def _each_part(trace: Trace, one: Callable[..., dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """``one(trace, part, seed, fetched, steps)`` for each part seeded in the task's memo (a
+    group of parts: ``analysis.per_rank.map_groups``), keyed by part: the rows the replay
+    graphs are built of (``sim.build.fetch_parts``) and the step spans are queried once for
+    the group, each part's graph is built alone, one after another (a task holds one replay
+    graph at a time). Per part, opening the store and querying its one small file cost as
+    much as building its graph."""
+    from xpuprof.sim.build import fetch_parts
+
+    seeds = trace.memo[SEED]
+    parts = sorted(seeds)
+    fetched = fetch_parts(trace, parts)
+    steps = trace.sql("select id, step, part from events where level = 'step' and part in "
+                      f"({', '.join(map(str, parts))})")  # fmt: skip
+    return {p: one(trace, p, seeds[p], fetched, steps) for p in parts}
+
+
+def _graph(trace: Trace, part: int, seed: dict[str, Any],
+           fetched: tuple[pd.DataFrame, ...]) -> ReplayGraph:  # fmt: skip
     from xpuprof.sim.build import build
 
-    p = int(trace.sources[0]["part"]) if len(trace.sources) == 1 else None
-    if p is None:
-        raise XpuprofError("a job-path task must open exactly one part of the store")
-    g = build(trace, [p], {p: window} if window else None, align, plan=(offset, plan))
-    return g, p
+    window = seed["window"]
+    return build(trace, [part], {part: window} if window else None, seed["align"],
+                 plan=(seed["offset"], seed["plan"]), fetched=fetched)  # fmt: skip
 
 
 def _rendezvous_nodes(g: ReplayGraph, keys: np.ndarray) -> np.ndarray:
@@ -199,18 +231,22 @@ def _rendezvous_nodes(g: ReplayGraph, keys: np.ndarray) -> np.ndarray:
     return rz[: len(keys)]
 
 
-def part_terms(trace: Trace) -> dict[str, Any]:
-    """One part's collective starts and step starts/ends as max-plus terms of its rendezvous
-    (module docstring, round 2): ``keys`` (the columns after ``c``), ``coll`` (the plan's
-    collective ids), ``steps`` (``id``, ``step``, ``part`` of its replayed step spans) and
-    the terms of their starts (those collectives', then the steps' starts, then their ends),
-    pruned (:func:`prune`) and sparse (:func:`sparse`)."""
+def part_terms(trace: Trace) -> dict[int, dict[str, Any]]:
+    """Per part of the task: its collective starts and step starts/ends as max-plus terms of
+    its rendezvous (module docstring, round 2): ``keys`` (the columns after ``c``), ``coll``
+    (the plan's collective ids), ``steps`` (``id``, ``step``, ``part`` of its replayed step
+    spans) and the terms of their starts (those collectives', then the steps' starts, then
+    their ends), pruned (:func:`prune`) and sparse (:func:`sparse`)."""
+    return _each_part(trace, _terms)
+
+
+def _terms(trace: Trace, part: int, seed: dict[str, Any], fetched: tuple[pd.DataFrame, ...],
+           steps: pd.DataFrame) -> dict[str, Any]:  # fmt: skip
     from xpuprof.sim.graph import COLLECTIVE
 
-    seed = trace.memo[SEED]
     plan = seed["plan"]
     keys = pd.unique(plan["key"]) if len(plan) else np.empty(0, object)
-    g, part = _graph(trace, seed["offset"], plan, seed["window"], seed["align"])
+    g = _graph(trace, part, seed, fetched)
     rz = _rendezvous_nodes(g, keys)
     n = g.nodes
     # the starts that feed each rendezvous (collective edges into it)
@@ -222,7 +258,7 @@ def part_terms(trace: Trace) -> dict[str, Any]:
     c_nodes = start_of.reindex(coll).to_numpy()
     if np.isnan(c_nodes.astype(float)).any():
         raise XpuprofError(f"part {part}: a planned collective is not in its replay graph")
-    st = trace.sql(f"select id, step from events where level = 'step' and part = {part}")
+    st = steps.loc[steps["part"].to_numpy() == part, ["id", "step"]].reset_index(drop=True)
     s_n, e_n = step_nodes(g, st["id"].to_numpy(np.int64))
     ok = ~(np.isnan(s_n.astype(float)) | np.isnan(e_n.astype(float)))
     st = st[ok].reset_index(drop=True)
@@ -457,17 +493,22 @@ def _key_order(deps: list[set[int]]) -> list[int]:
 # -- 4. walks (a task) ---------------------------------------------------------------------------
 
 
-def part_walks(trace: Trace) -> dict[str, Any]:
-    """The part's stretches of the job's critical path (module docstring, round 4): per entry
-    (``"z"``: the last step end, if this part holds it; a collective id: its start, where it
-    set its rendezvous) the segments back to a rendezvous, ``since`` or a timeline head, and
-    how the walk ended (``("jump", key)``, ``("since",)`` or ``("late", time)``)."""
+def part_walks(trace: Trace) -> dict[int, dict[str, Any]]:
+    """Per part of the task, its stretches of the job's critical path (module docstring,
+    round 4): per entry (``"z"``: the last step end, if this part holds it; a collective id:
+    its start, where it set its rendezvous) the segments back to a rendezvous, ``since`` or a
+    timeline head, and how the walk ended (``("jump", key)``, ``("since",)`` or
+    ``("late", time)``)."""
+    return _each_part(trace, _walks)
+
+
+def _walks(trace: Trace, part: int, seed: dict[str, Any], fetched: tuple[pd.DataFrame, ...],
+           steps: pd.DataFrame) -> dict[str, Any]:  # fmt: skip
     from xpuprof.sim.replay import run
 
-    seed = trace.memo[SEED]
     plan, since, z = seed["plan"], seed["since"], seed["z"]
     keys = pd.unique(plan["key"]) if len(plan) else np.empty(0, object)
-    g, part = _graph(trace, seed["offset"], plan, seed["window"], seed["align"])
+    g = _graph(trace, part, seed, fetched)
     sched = run(g)
     rz = _rendezvous_nodes(g, keys)
     want = plan.drop_duplicates("key").set_index("key")["arrival_ns"].reindex(keys)

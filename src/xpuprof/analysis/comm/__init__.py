@@ -155,7 +155,8 @@ def _per_rank_half(trace: Trace, where: str, ranks: Iterable[int] | None) -> lis
     # (bounded memory), and groups opened one by one here cost more than they save
     if per_rank.on_dask(len(parts)) and _one_part_per_rank(trace):
         pieces = per_rank.map_groups(trace, f"{__name__}:part_collectives", parts,
-                                     kwargs={"where": where}, seeded=False)  # fmt: skip
+                                     kwargs={"where": where},
+                                     seeds=lambda groups: [{} for _ in groups])  # fmt: skip
     else:
         pieces = [part_collectives(trace, where)]
     trace.memo[key] = [p for p in pieces if p is not None]
