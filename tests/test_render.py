@@ -367,3 +367,27 @@ def test_columns_equal_in_every_row_move_into_the_title() -> None:
     text = _render(Result(tables={"kernels": rows}), 80)
     assert text.splitlines()[0] == "kernels — rank 3, stream 7"
     assert _tables(text)[0]["headers"] == ["name", "time (ns)"]
+
+
+def test_a_text_that_tells_apart_rows_of_one_key_stays_when_columns_are_left_out() -> None:
+    """Per participant and collective type (the comm tool's summary): two rows per participant.
+    In a terminal too narrow for every column, measures are left out before the type, without
+    which a participant's two rows read alike; a table with a ``name`` column keeps its
+    measures before a kernel's grid (the time is what is read there)."""
+    rows = [{"participant": str(r), "collective": k, "count": 3 + 2 * j,
+             "bytes": 2_485_125 * (j + 1) + r, "time_ns": 1_799_000 + 1_000 * r,
+             "algbw": 1.381e9 + r * 1e7, "busbw": 2.418e9 + r * 1e7, "overlap_pct": 8.0 + r,
+             "algorithms": "RING", "protocols": "LL,LL128" if j else "LL", "rank": r}
+            for r in range(8) for j, k in enumerate(("all_reduce", "all_to_all"))]  # fmt: skip
+    rate = Presentation(units=(("algbw", "B/s"), ("busbw", "B/s")))
+    text = _render(Result(tables={"summary": rows}, present={"summary": rate}), 64)
+    headers = _tables(text)[0]["headers"]
+    assert headers[:2] == ["participant", "collective"], headers
+    assert "left out" in text and "collective" not in text.split("left out")[1]
+    kernels = [{"name": "ncclKernel_AllReduce_RING_LL_Sum_float", "grid": f"[{g},1,1]",
+                "block": "[640,1,1]", "count": 8 + g, "total_ns": 7_071_000 + g,
+                "mean_ns": 441_900 + g, "min_ns": 69_000 + g, "max_ns": 952_000 + g,
+                "occupancy_pct": 12.5 + g, "share_pct": 3.1 + g}
+               for g in range(1, 13)]  # fmt: skip
+    headers = _tables(_render(Result(tables={"kernels": kernels}), 64))[0]["headers"]
+    assert "total (µs)" in headers and "grid" not in headers, headers

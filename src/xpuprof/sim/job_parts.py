@@ -33,6 +33,9 @@ partition solves the coupling exactly, in three rounds:
 
 Stores with host collectives (gloo spans and their hand-off edges) are not partitioned
 (:class:`NotPartitioned`); nor are traces without profiler steps.
+
+Length: the five rounds are one algorithm over one data layout (the plan's keys, the terms'
+columns), each round reading what the one before wrote; apart they would share it by import.
 """
 
 from __future__ import annotations

@@ -349,8 +349,11 @@ class Layout:
 
     def _tier(self, j: int) -> int:
         """What to leave out first: 0 details, 1 texts that vary, 2 counts and measures, 3 the
-        table's keys: its name column (``name``, else its most varied text) and its leftmost
-        number when no text or measure comes before it (rank, step)."""
+        table's keys: its name column (``name``, else its most varied text), its leftmost
+        number when no text or measure comes before it (rank, step), and, in a table with no
+        ``name`` column, a text left of every count and measure that tells apart rows those
+        two do not (a participant's two rows, one per collective type, told apart by the
+        type; a kernel's launch configurations stay details beside its name)."""
         i = self.keep[j]
         c = self.spec[i]
         texts = [k for k in self.keep if not self.spec[k].numeric]
@@ -362,6 +365,15 @@ class Layout:
         )
         if i == name or (j == 0 and c.numeric and not c.measure):
             return 3
+        first = next((k for k in self.keep if self.spec[k].measure or self.spec[k].count),
+                     len(self.spec))  # fmt: skip
+        if name is not None and not named and i < first and not c.numeric:
+            lead = self.keep[0]
+            keys = [name] + ([lead] if self.spec[lead].numeric and not self.spec[lead].measure
+                             else [])  # fmt: skip
+            rows = list(zip(*(self.cells[k] for k in keys), strict=True))
+            if len(set(rows)) < len(set(zip(rows, self.cells[i], strict=True))):
+                return 3
         if c.measure or c.count:
             return 2
         return 1 if not c.numeric and len(set(self.cells[i])) > 1 else 0
