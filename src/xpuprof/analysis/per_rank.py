@@ -1,4 +1,4 @@
-"""Per-rank analysis as Dask tasks: one task per part (≈ rank) or group of parts, each opening
+"""Per-rank analysis as Dask tasks: one task per group of parts (≈ ranks), each opening
 only those parts of the store (``Trace(path, parts=[...])``), so no task holds more than one
 group's tables (below) and the memory of a worker is bounded by the largest group, not by the
 job.
@@ -17,7 +17,8 @@ parts, and with one worker, the tasks run in this process: starting a cluster co
 it saves on a few ranks.
 
 **Groups of ranks.** The analyses whose per-rank answers simply add up (the diagnosis, the
-step times of the ranks tool, the overview) run a task per *group* of consecutive parts
+step times of the ranks tool, the overview, the collectives' per-rank half, the job path's
+replay rounds) run a task per *group* of consecutive parts
 (:func:`map_groups`): the task opens the group's parts together and runs the one-process
 analysis over them, so the store is opened and each query run once per group, not per rank.
 Per rank those fixed costs (a DuckDB connection, the manifest, ~10 queries of ~5 ms on one
@@ -59,29 +60,6 @@ GROUPS_PER_WORKER = 4
 _task = threading.local()
 #: ``workers`` and ``scheduler`` set by :func:`cluster_options` in this thread.
 _defaults = threading.local()
-
-
-def map_parts(
-    trace: Trace,
-    target: str,
-    parts: Iterable[int],
-    *,
-    seeds: dict[int, dict[Any, Any]] | None = None,
-    kwargs: dict[str, Any] | None = None,
-    workers: int | None = None,
-    scheduler: str | None = None,
-) -> dict[int, Any]:
-    """``target(Trace of one part, **kwargs)`` for each part, as Dask tasks or here (module
-    docstring); ``target`` is ``"module:function"`` (importable on the workers); ``seeds[p]``
-    goes into part ``p``'s ``Trace.memo`` before the call. Returns part → result."""
-    parts = [int(p) for p in parts]
-    seeds = seeds or {}
-    kwargs = kwargs or {}
-    workers, scheduler = _given(workers, scheduler)
-    if not on_dask(len(parts), workers, scheduler):
-        return {p: run_part(str(trace.path), p, target, seeds.get(p, {}), kwargs) for p in parts}
-    units = [(p, p, seeds.get(p, {})) for p in parts]
-    return _on_dask(str(trace.path), units, target, kwargs, _size(workers), scheduler)
 
 
 @contextlib.contextmanager
@@ -168,7 +146,8 @@ def map_groups(
     seeds: Callable[[list[list[int]]], list[dict[Any, Any]]] | None = None,
 ) -> list[Any]:
     """``target(Trace of a group of parts, **kwargs)`` for each group of
-    :func:`part_groups`, as Dask tasks or here (module docstring), each Trace's memo seeded
+    :func:`part_groups`, as Dask tasks or here (module docstring; ``target`` is
+    ``"module:function"``, importable on the workers), each Trace's memo seeded
     with ``seeds(groups)[i]`` — by default its parts' collective waits (:func:`wait_seeds`;
     the collectives' own per-rank half, which the waits are made of, seeds nothing; the job
     path, its parts' plans). ``target`` must give the answer

@@ -79,7 +79,7 @@ def job_path_parts(
     scheduler: str | None = None,
 ) -> pd.DataFrame:
     """The job's critical path (:func:`xpuprof.sim.paths.job_path` of the identity replay of
-    the same ranks and steps), one Dask task per part (module docstring). Raises
+    the same ranks and steps), one Dask task per group of parts (module docstring). Raises
     :class:`NotPartitioned` where that is not possible."""
     from xpuprof.sim.replay import replayed_parts, step_windows
 
