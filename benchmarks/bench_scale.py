@@ -40,8 +40,11 @@ Numbers:
   generator wrote, checked.
 * ``per rank``: wall / N; ``linearity``: (wall/N at the largest N) / (wall/N at the smallest):
   1.0 is linear; the same of CPU seconds. ``speedup``: wall(1 worker) / wall(2 workers).
-* Analysis phases (:data:`PHASES`, each run once per N in one subprocess on the 2-worker store,
-  in order; ``s`` its seconds, ``rss`` the subprocess's peak RSS so far): ``collectives`` runs
+* Analysis phases (:data:`PHASES`, run in order in one subprocess on the 2-worker store, per
+  N and per ``--analysis-workers`` count: one run that measures memory, then
+  ``--analysis-runs`` timed ones sampled every 250 ms, worker counts alternating, as the
+  imports; ``s`` a phase's seconds, the median of the timed runs; ``rss`` the subprocess's
+  peak RSS so far): ``collectives`` runs
   ``xpuprof.analysis.comm.collectives(align='end')`` and judges its ``clock`` table against the
   injected offsets (``err`` = recovered offset − (injected offset − the reference rank's);
   ``err_src``: the same after adding the source ranks' own clock difference, the median end
@@ -476,14 +479,34 @@ def run_set(n: int, a: argparse.Namespace, stores: Path) -> dict[str, Any]:
             "rows": rs[-1]["result"]["rows"], "events_read": rs[-1]["result"]["events_read"],
         }  # fmt: skip
     if a.phases and keep is not None:
-        out["analyses_by_workers"] = {}
-        for w in a.analysis_workers or [None]:
+        out["analyses_by_workers"] = analyse_set(n, a, keep, folder / "truth.json")
+        out["analyses"] = next(iter(out["analyses_by_workers"].values()))  # its answers judged
+    if keep is not None and not a.keep_stores:
+        shutil.rmtree(keep, ignore_errors=True)
+    return out
+
+
+def analyse_set(n: int, a: argparse.Namespace, store: Path, truth: Path) -> dict[str, Any]:
+    """The analysis phases on ``store`` per worker count: one run that measures memory
+    (sampled every 20 ms), then ``--analysis-runs`` timed ones (every 250 ms), worker counts
+    alternating within each round as the imports do — the 20 ms sampler costs ~10 % of this
+    machine, which a 2-worker run loses from its busy cores and a 1-worker run takes from its
+    idle one. Per worker count: the memory run's answers and peaks, each phase's ``s`` and the
+    ``wall_s`` as medians of the timed runs (the memory run's when there are none)."""
+    counts = a.analysis_workers or [None]
+    runs: dict[str, list[dict[str, Any]]] = {str(w or "default"): [] for w in counts}
+    for i in range(a.analysis_runs + 1):
+        for w in counts:
+            if a.wait_idle:
+                wait_idle(a.wait_idle)
+            what = "memory" if i == 0 else f"timing {i}/{a.analysis_runs}"
             log(f"  [{n} ranks] analyses: {', '.join(a.phases)}"
-                + (f", {w} worker(s)" if w else "") + " ...")  # fmt: skip
-            r = measure(_self("--child", "analyse", "--store", str(keep), "--truth",
-                              str(folder / "truth.json"), "--phases", ",".join(a.phases),
+                + (f", {w} worker(s)" if w else "") + f", {what} ...")  # fmt: skip
+            r = measure(_self("--child", "analyse", "--store", str(store), "--truth", str(truth),
+                              "--phases", ",".join(a.phases),
                               *(("--analysis-workers", str(w)) if w else ())),
-                        timeout=a.timeout)  # fmt: skip
+                        timeout=a.timeout,
+                        interval=MEMORY_SAMPLE_S if i == 0 else TIMING_SAMPLE_S)  # fmt: skip
             if r["rc"] != 0 or r["result"] is None:
                 log(r["output"][-3000:])
                 got = {"error": f"exit code {r['rc']}", "wall_s": r["wall_s"]}
@@ -491,11 +514,28 @@ def run_set(n: int, a: argparse.Namespace, stores: Path) -> dict[str, Any]:
                 got = {"wall_s": r["wall_s"], "peak_tree": r["peak_tree"],
                        "peak_main": r["peak_main"], "peak_worker_procs": r["peak_worker_procs"],
                        "others_share": other_share(r), **r["result"]}  # fmt: skip
-                log(f"    {r['wall_s']:.1f} s, peak {gb(r['peak_tree'])}")
-            out.setdefault("analyses", got)  # the first worker count's answers are judged
-            out["analyses_by_workers"][str(w or "default")] = got
-    if keep is not None and not a.keep_stores:
-        shutil.rmtree(keep, ignore_errors=True)
+                log(f"    {r['wall_s']:.1f} s, peak {gb(r['peak_tree'])}, others' CPU "
+                    f"{other_share(r):.0%}")  # fmt: skip
+            runs[str(w or "default")].append(got)
+    return {w: _analysis_medians(rs) for w, rs in runs.items()}
+
+
+def _analysis_medians(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One worker count's analysis runs as one entry (:func:`analyse_set`)."""
+    first = rs[0]
+    if "error" in first:
+        return first
+    timed = [r for r in rs[1:] if "error" not in r] or [first]
+    out = dict(first)
+    out["wall_s"] = statistics.median(r["wall_s"] for r in timed)
+    out["wall_s_all"] = [round(r["wall_s"], 2) for r in timed]
+    out["timed_runs"] = len(rs) - 1
+    out["others_share"] = max(r["others_share"] for r in timed)
+    for name in PHASES:
+        secs = [r[name]["s"] for r in timed if isinstance(r.get(name), dict) and "s" in r[name]]
+        if name in out and secs:
+            out[name] = {**out[name], "s": statistics.median(secs),
+                         "s_all": [round(x, 2) for x in secs]}  # fmt: skip
     return out
 
 
@@ -590,7 +630,15 @@ def _by_workers(res: dict[str, Any]) -> list[str]:
     if not sets:
         return []
     counts = list(sets[0]["analyses_by_workers"])
+    timed = res.get("analysis_runs") or 0
     lines = [
+        "",
+        f"Analyses per worker count: the median of {timed} timed runs (sampled every 250 ms) "
+        "after one that measures memory, worker counts alternating; all phases: the sum of "
+        "their medians."
+        if timed
+        else "Analyses per worker count: one run each (sampled every "
+        "20 ms for memory: it takes CPU from a 2-worker run's busy cores).",
         "",
         "| ranks | phase | "
         + " | ".join(f"{w} worker(s)" for w in counts)
@@ -693,6 +741,13 @@ def main(argv: list[str] | None = None) -> int:
         help="timed imports per configuration (median), after one that measures memory",
     )
     ap.add_argument(
+        "--analysis-runs",
+        type=int,
+        default=0,
+        help="timed analysis runs per worker count (median), after one that measures memory "
+        "(0: that one run is also the timing)",
+    )
+    ap.add_argument(
         "--steps",
         type=int,
         default=None,
@@ -770,7 +825,8 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {
         "machine": machine(), "load_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "command": "python benchmarks/bench_scale.py " + " ".join(argv or sys.argv[1:]),
-        "runs": a.runs, "workers": a.workers, "phases": a.phases,
+        "runs": a.runs, "analysis_runs": a.analysis_runs, "workers": a.workers,
+        "phases": a.phases,
     }  # fmt: skip
     t0 = time.perf_counter()
     res["sets"] = [run_set(n, a, stores) for n in a.ranks]
