@@ -715,6 +715,30 @@ def test_restricted_sql_keeps_the_servers_limits(store) -> None:
         assert t.sql("select current_setting('threads') as n")["n"][0] == 1
 
 
+def test_no_progress_bar_on_stdout(store) -> None:
+    """DuckDB draws a progress bar on stdout for any query over 2 s (seen inside ``xpuprof
+    ranks --json`` at 512 ranks): every connection of a Trace, and the viewer's, has it off.
+    Asked in a fresh interpreter, as the CLI runs (under pytest DuckDB starts with it off)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, duckdb\n"
+        "from xpuprof.trace.trace import Trace\n"
+        "from xpuprof.view.detail import connection\n"
+        "q = \"select current_setting('enable_progress_bar')\"\n"
+        "got = [duckdb.connect().execute(q).fetchall()[0][0]]\n"
+        "for restricted in (False, True):\n"
+        "    with Trace(sys.argv[1], restricted=restricted) as t:\n"
+        "        got += [t.con.execute(q).fetchall()[0][0],\n"
+        "                connection(t).execute(q).fetchall()[0][0]]\n"
+        "print(got)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(store)], capture_output=True,
+                         text=True, timeout=120, check=True).stdout  # fmt: skip
+    assert out.split() == ["[True,", "False,", "False,", "False,", "False]"]
+
+
 def test_the_default_sql_stays_unrestricted(store, tmp_path) -> None:
     out = tmp_path / "copy.csv"
     with Trace(store) as t:

@@ -288,6 +288,9 @@ class Trace:
             except duckdb.Error as e:
                 raise XpuprofError(f"DuckDB settings {self.duckdb_config}: {e}") from None
             try:
+                # DuckDB draws a progress bar on stdout for a query over 2 s (512 ranks): it
+                # would land inside a --json document or a table
+                con.execute("SET enable_progress_bar = false")
                 if self.restricted:
                     allowed = [f for fs in files.values() for f in fs]
                     con.execute("SET autoinstall_known_extensions = false")

@@ -71,6 +71,7 @@ def connection(trace: Trace) -> duckdb.DuckDBPyConnection:
 
         files = {t: trace.files(t) for t in ("events",)}
         con = duckdb.connect(config={"memory_limit": QUERY_MEMORY, "threads": 2})
+        con.execute("SET enable_progress_bar = false")  # not on stdout (trace.Trace.con)
         allowed = ", ".join("'" + str(f).replace("'", "''") + "'" for fs in files.values()
                             for f in fs)  # fmt: skip
         con.execute("SET autoinstall_known_extensions = false")
