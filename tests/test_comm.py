@@ -277,6 +277,7 @@ def test_dlrm_per_rank_half_split_by_ranks(dlrm, monkeypatch):
         in_groups = collectives(t1, align="none")
     assert len(trees) >= 4 and max(trees) <= 2  # host trees of at most two ranks at a time
     monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 2)
+    monkeypatch.setattr(per_rank, "DASK_MIN_EVENTS", 0)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     maps = []
     real_map = per_rank.map_groups

@@ -234,6 +234,7 @@ def test_overview_of_the_dlrm_job_as_rank_tasks_equals_one_process(dlrm_store, m
     with xpuprof.load(trace.path) as t:
         here = overview(t)
     monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 2)
+    monkeypatch.setattr(per_rank, "DASK_MIN_EVENTS", 0)
     with xpuprof.load(trace.path) as t:
         there = overview(t)
         k = there["top_kernels"].iloc[0]

@@ -184,6 +184,7 @@ def test_diagnosis_of_many_ranks_as_tasks_equals_one_process(tmp_path, monkeypat
     with xpuprof.load(store) as t:
         here = diagnosis(t)
     monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 2)
+    monkeypatch.setattr(per_rank, "DASK_MIN_EVENTS", 0)
     with xpuprof.load(store) as t:
         there = diagnosis(t)
     assert set(here.tables) == set(there.tables) == {"steps", "summary", "events"}
@@ -219,6 +220,7 @@ def test_overview_of_many_ranks_as_tasks_equals_one_process(tmp_path, monkeypatc
         with xpuprof.load(store) as t:
             here, here_dx = overview(t), diagnosis(t)
         monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 2)
+        monkeypatch.setattr(per_rank, "DASK_MIN_EVENTS", 0)
         with xpuprof.load(store) as t:
             there = overview(t)
             assert ("analysis.diagnosis", None, "all", None, 5) in t.memo  # left by the tasks
@@ -266,6 +268,7 @@ def test_groups_of_ranks_give_the_one_process_answer(tmp_path, monkeypatch):
         assert not per_rank.grouped(t, parts)  # the one-process answer above: one pass
     monkeypatch.setattr(os, "cpu_count", lambda: 2)  # 2 workers, also on a bigger machine
     monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 2)
+    monkeypatch.setattr(per_rank, "DASK_MIN_EVENTS", 0)
     monkeypatch.setattr(per_rank, "GROUPS_PER_WORKER", 1)
     with xpuprof.load(store) as t:
         assert per_rank.part_groups(t, parts, 2) == [parts[:2], parts[2:]]
@@ -435,16 +438,40 @@ def test_the_overviews_workers_reach_the_advisors_diagnosis(tmp_path, monkeypatc
     with xpuprof.load(store) as t:
         here = tools.overview(t, workers=1)
     assert calls == []
+    import contextlib
+
+    from xpuprof.trace import ingest
+
+    started, closed = [], []
+    real_cluster = ingest.local_cluster
+
+    @contextlib.contextmanager
+    def counted(workers, *, method):
+        started.append(workers)
+        with real_cluster(workers, method=method) as cluster:
+            yield cluster
+        closed.append(workers)
+
+    monkeypatch.setattr(ingest, "local_cluster", counted)
     with xpuprof.load(store) as t:
         there = tools.overview(t, workers=2)
     # the collectives' per-rank half (the tasks' seeds are made of it), then the overview's
-    # tasks; its diagnosis, made of them, is reused
+    # tasks; its diagnosis, made of them, is reused; both on one cluster, closed on return
     assert calls == [2, 2]
+    assert started == closed == [2] and getattr(per_rank._defaults, "pool", None) is None
+    with xpuprof.load(store) as t:  # a call of its own: its own cluster, closed on return
+        per_rank.map_groups(t, "xpuprof.analysis.overview:part_overview", [0, 1], workers=2)
+    assert started == closed == [2, 2]
     with per_rank.cluster_options(workers=2):
         with per_rank.cluster_options(workers=1):
             assert not per_rank.on_dask(64)
         assert per_rank.on_dask(4)
     assert not per_rank.on_dask(4) and per_rank.on_dask(64) == ((os.cpu_count() or 1) > 1)
+    # by default, many parts go to Dask only with more events than one process handles well
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert not per_rank.on_dask(64, events=per_rank.DASK_MIN_EVENTS)
+    assert per_rank.on_dask(64, events=per_rank.DASK_MIN_EVENTS + 1)
+    assert per_rank.on_dask(4, workers=2, events=10)  # unless told
     for name, table in here.tables.items():
         pd.testing.assert_frame_equal(table, there.tables[name], check_dtype=False)
     assert here.facts == there.facts

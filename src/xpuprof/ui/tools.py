@@ -190,7 +190,10 @@ def run(name: str, *traces: Trace, **options: Any) -> Result:
     tool = get(name)
     kw = _call(tool, traces, options)
     found, anything = check_selection(traces, kw) if tool.common and traces else ([], True)
-    res = tool.function()(*traces, **kw)
+    from xpuprof.analysis.per_rank import shared_cluster
+
+    with shared_cluster():  # the tool's analyses share one local cluster, if they start any
+        res = tool.function()(*traces, **kw)
     # an empty store: the tool's own notes would only guess at why it found nothing
     res.notes[:] = found + [n for n in res.notes if n not in found] if anything else found
     if tool.common and len(traces) == 1 and anything:  # what a "step" is, when not ProfilerStep
@@ -267,7 +270,10 @@ def document(name: str, *traces: Trace, **options: Any) -> dict[str, Any]:
     tool = get(name)
     if tool.document is None:
         return run(name, *traces, **options).to_dict()
-    return _resolve(tool.document)(*traces, **_call(tool, traces, options))
+    from xpuprof.analysis.per_rank import shared_cluster
+
+    with shared_cluster():
+        return _resolve(tool.document)(*traces, **_call(tool, traces, options))
 
 
 # ------------------------------------------------------------------------- composite tools

@@ -153,7 +153,9 @@ def _per_rank_half(trace: Trace, where: str, ranks: Iterable[int] | None) -> lis
     parts = sorted(per_rank.selected_parts(trace, ranks))
     # on one worker, one pass: identify's host trees are built per group of parts already
     # (bounded memory), and groups opened one by one here cost more than they save
-    if per_rank.on_dask(len(parts)) and _one_part_per_rank(trace):
+    if per_rank.on_dask(len(parts), events=per_rank.events_of(trace, parts)) and (
+        _one_part_per_rank(trace)
+    ):
         pieces = per_rank.map_groups(trace, f"{__name__}:part_collectives", parts,
                                      kwargs={"where": where},
                                      seeds=lambda groups: [{} for _ in groups])  # fmt: skip
