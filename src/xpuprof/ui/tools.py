@@ -745,7 +745,8 @@ _PREDICTED = Presentation(
 #: The Dask cluster of the per-rank work (``analysis/per_rank.py``); CLI only.
 _CLUSTER = (
     Option("workers", "Dask workers for the per-rank analysis (default: one per core from 32 "
-                      "ranks up, else in this process).", type=int, local=True),
+                      "ranks of more than 1 M events, else in this process).", type=int,
+           local=True),
     Option("scheduler", "A Dask scheduler's address: analyse the ranks on that cluster (the "
                         "store must be readable there).", local=True),
 )  # fmt: skip
