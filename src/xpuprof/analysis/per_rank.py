@@ -13,8 +13,10 @@ ranks happens on those.
 The cluster is a Dask ``LocalCluster`` of ``workers`` single-threaded processes (default: one
 per core) or the user's own scheduler (``scheduler=ADDRESS``: the store must then be on a path
 every worker reads, as for ``xpuprof import --scheduler``). Below :data:`DASK_MIN_PARTS`
-parts, and with one worker, the tasks run in this process: starting a cluster costs more than
-it saves on a few ranks.
+parts or :data:`DASK_MIN_EVENTS` events, and with one worker, the tasks run in this process:
+starting a cluster costs more than it saves on a few ranks. Within :func:`shared_cluster`
+(each tool of ``ui/tools.py``, :func:`cluster_options`) the analyses a tool runs share one
+local cluster, closed when the tool returns.
 
 **Groups of ranks.** The analyses whose per-rank answers simply add up (the diagnosis, the
 step times of the ranks tool, the overview, the collectives' per-rank half, the job path's

@@ -330,21 +330,24 @@ def build(trace: Trace, *, ranks: Iterable[int] | None = None,
           steps: StepSelection = None, predict: bool = False) -> Report:  # fmt: skip
     """The report of ``trace`` for the selection (``ranks``, ``steps``: the tool convention);
     ``predict``: the findings with the gain their replayed change predicts (``docs/advise.md``)."""
+    from xpuprof.analysis.per_rank import shared_cluster
+
     sel = {"ranks": list(ranks) if ranks is not None else None, "steps": steps}
     head = Section("store", "The trace")
-    inf = _run(head, "info", trace)
-    if inf is not None:
-        if isinstance(inf.facts.get("headline"), str):
-            head.parts.append(f"<p>{esc(inf.facts['headline'])}</p>")
-        head.table(inf, "sources", limit=ROWS)
-    sections = [head, *_overview_sections(trace, sel, predict)]
-    left_out: dict[str, str] = {}
-    for sid, make, why in SECTIONS:
-        sec = make(trace, sel)
-        if sec is None:
-            left_out[sid] = why
-        else:
-            sections.append(sec)
+    with shared_cluster():  # the sections of a many-rank report share one local cluster
+        inf = _run(head, "info", trace)
+        if inf is not None:
+            if isinstance(inf.facts.get("headline"), str):
+                head.parts.append(f"<p>{esc(inf.facts['headline'])}</p>")
+            head.table(inf, "sources", limit=ROWS)
+        sections = [head, *_overview_sections(trace, sel, predict)]
+        left_out: dict[str, str] = {}
+        for sid, make, why in SECTIONS:
+            sec = make(trace, sel)
+            if sec is None:
+                left_out[sid] = why
+            else:
+                sections.append(sec)
     return Report(page(trace, sections, sel), [s.summary() for s in sections], left_out)
 
 
