@@ -278,6 +278,8 @@ def test_dlrm_per_rank_half_split_by_ranks(dlrm, monkeypatch):
     assert len(trees) >= 4 and max(trees) <= 2  # host trees of at most two ranks at a time
     monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 2)
     monkeypatch.setattr(per_rank, "DASK_MIN_EVENTS", 0)
+    comm = importlib.import_module("xpuprof.analysis.comm")
+    monkeypatch.setattr(comm, "DASK_MIN_EVENTS_ALONE", 0)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     maps = []
     real_map = per_rank.map_groups
@@ -288,6 +290,20 @@ def test_dlrm_per_rank_half_split_by_ranks(dlrm, monkeypatch):
         on_dask = collectives(t2, align="none")
         assert len(collectives(t2, align="end")["skew"]) == 8
     assert maps == ["xpuprof.analysis.comm:part_collectives"]  # once for both alignments
+    # by default the half starts a cluster of its own only from DASK_MIN_EVENTS_ALONE events,
+    # and goes to one a tool has up already whatever their number
+    monkeypatch.setattr(comm, "DASK_MIN_EVENTS_ALONE", sum(sizes.values()))
+    with xpuprof.load(t.path) as t3:
+        collectives(t3, align="none")
+    assert len(maps) == 1
+    with per_rank.shared_cluster(), xpuprof.load(t.path) as t4:
+        per_rank.map_groups(t4, "xpuprof.analysis.overview:part_overview", parts[:2],
+                            workers=2, seeds=lambda groups: [{} for _ in groups])  # fmt: skip
+        assert per_rank.cluster_up()
+        collectives(t4, align="none")
+    assert maps[1:] == ["xpuprof.analysis.overview:part_overview",
+                        "xpuprof.analysis.comm:part_collectives"]  # fmt: skip
+    assert not per_rank.cluster_up()  # closed on leaving
     for res in (in_groups, on_dask):
         for name, table in one_pass.tables.items():
             pd.testing.assert_frame_equal(table, res.tables[name], check_dtype=False)

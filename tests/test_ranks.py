@@ -8,6 +8,7 @@ Times in the synthetic traces are µs (Kineto's unit); the store holds ns, hence
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import os
 
@@ -269,6 +270,9 @@ def test_groups_of_ranks_give_the_one_process_answer(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)  # 2 workers, also on a bigger machine
     monkeypatch.setattr(per_rank, "DASK_MIN_PARTS", 2)
     monkeypatch.setattr(per_rank, "DASK_MIN_EVENTS", 0)
+    monkeypatch.setattr(
+        importlib.import_module("xpuprof.analysis.comm"), "DASK_MIN_EVENTS_ALONE", 0
+    )
     monkeypatch.setattr(per_rank, "GROUPS_PER_WORKER", 1)
     with xpuprof.load(store) as t:
         assert per_rank.part_groups(t, parts, 2) == [parts[:2], parts[2:]]

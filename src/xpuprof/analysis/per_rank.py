@@ -151,18 +151,27 @@ def on_dask(
     workers: int | None = None,
     scheduler: str | None = None,
     events: int | None = None,
+    min_events: int | None = None,
 ) -> bool:
     """Whether per-rank work over ``n_parts`` parts (holding ``events``; None: not known)
     goes to Dask: always on a given scheduler; never with one worker (or one core); by
-    default from :data:`DASK_MIN_PARTS` parts holding more than :data:`DASK_MIN_EVENTS`
-    (:func:`cluster_options` gives the defaults)."""
+    default from :data:`DASK_MIN_PARTS` parts holding more than ``min_events`` (default
+    :data:`DASK_MIN_EVENTS`; :func:`cluster_options` gives the defaults)."""
     if _in_a_task():
         return False
     workers, scheduler = _given(workers, scheduler)
     if scheduler is not None:
         return True
-    big = n_parts >= DASK_MIN_PARTS and (events is None or events > DASK_MIN_EVENTS)
+    least = DASK_MIN_EVENTS if min_events is None else min_events
+    big = n_parts >= DASK_MIN_PARTS and (events is None or events > least)
     return _size(workers) > 1 and (workers is not None or big)
+
+
+def cluster_up() -> bool:
+    """Whether this thread's :func:`shared_cluster` holds a running local cluster (work sent
+    to it then pays no start)."""
+    pool = getattr(_defaults, "pool", None)
+    return pool is not None and pool.client is not None
 
 
 def events_of(trace: Trace, parts: Iterable[int]) -> int:

@@ -72,6 +72,12 @@ SUMMARY_COLUMNS = ["participant", "rank", "collective", "count", "bytes", "time_
 #: How late a participant must arrive, on average, for the headline to name it as the
 #: straggler: below this, arriving last is noise (launch jitter, clock alignment error).
 LATE_FLOOR_NS = 50_000
+#: The collectives' per-rank half goes to a cluster of its own (one not started already for
+#: the tool) only from this many events: in one pass DuckDB keeps ~1.3 cores busy, so two
+#: workers gain ~1.46x, which pays a cluster's start (~1.7 s here) from ~7 M events (64
+#: ranks, 2.5 M: 1.9 s in one pass against 3.0 s on two workers; 512 ranks, 20 M: 16.2 s
+#: against 11.1 s).
+DASK_MIN_EVENTS_ALONE = 8_000_000
 
 
 def collectives(
@@ -152,8 +158,11 @@ def _per_rank_half(trace: Trace, where: str, ranks: Iterable[int] | None) -> lis
         return trace.memo[key]
     parts = sorted(per_rank.selected_parts(trace, ranks))
     # on one worker, one pass: identify's host trees are built per group of parts already
-    # (bounded memory), and groups opened one by one here cost more than they save
-    if per_rank.on_dask(len(parts), events=per_rank.events_of(trace, parts)) and (
+    # (bounded memory), and groups opened one by one here cost more than they save; by
+    # default on Dask only from DASK_MIN_EVENTS_ALONE events, unless a cluster is up already
+    least = None if per_rank.cluster_up() else DASK_MIN_EVENTS_ALONE
+    events = per_rank.events_of(trace, parts)
+    if per_rank.on_dask(len(parts), events=events, min_events=least) and (
         _one_part_per_rank(trace)
     ):
         pieces = per_rank.map_groups(trace, f"{__name__}:part_collectives", parts,
