@@ -391,3 +391,18 @@ def test_a_text_that_tells_apart_rows_of_one_key_stays_when_columns_are_left_out
                for g in range(1, 13)]  # fmt: skip
     headers = _tables(_render(Result(tables={"kernels": kernels}), 64))[0]["headers"]
     assert "total (µs)" in headers and "grid" not in headers, headers
+
+
+def test_columns_left_out_under_one_label_are_named_with_their_units() -> None:
+    """The comm tool's collectives: ``overlap_ns`` and ``overlap_pct`` both read "overlap";
+    left out at 80 columns, the note names them "overlap (µs), overlap (%)", not "overlap,
+    overlap"; a left-out column whose label is its own keeps the short name."""
+    rows = [{"rank": r, "name": f"ncclKernel_AllReduce_RING_LL_Sum_float_{r}",
+             "ts_start_ns": 1_000_000 * r, "dur_ns": 2_146_000 + r, "bytes": 24_576 * (r + 1),
+             "algbw": 1.1e7 + r, "busbw": 1.2e7 + r, "overlap_ns": 64_000 + r,
+             "overlap_pct": 3.0 + r, "late_ns": 1_000 * r, "process_group": f"pg{r % 2}",
+             "seq": r, "group_size": 8 + r % 2} for r in range(6)]  # fmt: skip
+    text = _render(Result(tables={"collectives": rows}), 60)
+    left = " ".join(text.split("left out")[1].split()) if "left out" in text else ""
+    assert "overlap (µs)" in left and "overlap (%)" in left, text
+    assert "seq" in left and "seq (" not in left, text

@@ -381,7 +381,10 @@ class Layout:
     def _leave_out(self) -> None:
         while len(self.keep) > 2 and not self.fits():
             j = min(range(len(self.keep)), key=lambda j: (self._tier(j), -j))
-            self.narrow.insert(0, self.spec[self.keep.pop(j)].label)
+            c = self.spec[self.keep.pop(j)]
+            # two columns of one label (a time and a share of it): named with their units
+            twin = sum(s.label == c.label for s in self.spec) > 1
+            self.narrow.insert(0, c.header if twin else c.label)
 
     def table(self) -> RichTable:
         """The Rich table, its columns narrowed to the width where they have room to spare."""
